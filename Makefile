@@ -1,0 +1,52 @@
+# microtrain: the two commands a newcomer needs are `make demo` and `make test`.
+# Both set up a virtual environment in .venv first (Python 3.9+, gcc).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(abspath $(VENV))/bin/python
+STAMP := $(VENV)/.installed
+CORE := modules/microtrain
+CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
+NATIVE_STAMP := build/native.stamp
+DEMO_PLAN := build/digits.mtp
+
+.PHONY: all demo test venv native header check-header clean distclean
+
+all: native
+
+include firmware/micropython.mk
+
+$(STAMP): requirements.txt requirements-test.txt host/pyproject.toml host/setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-test.txt
+	$(PY) -m pip install -q -e host
+	touch $@
+
+venv: $(STAMP)
+
+# the host runs the device's C core through cffi; rebuild it when the C changes
+$(NATIVE_STAMP): $(STAMP) $(CORE_FILES) host/microtrain/_build_native.py
+	@mkdir -p build
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e host
+	touch $@
+
+native: $(NATIVE_STAMP)
+
+# mt_format.h is generated from host/microtrain/format.py (the one definition of the plan format)
+header:
+	cd host && $(PYTHON) -m microtrain.format > ../$(CORE)/mt_format.h
+
+demo: native
+	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(DEMO_PLAN) --update last-layer --lr 0.05 --momentum 0.9
+	$(PY) -m microtrain report $(DEMO_PLAN) --svg build/digits-arena.svg
+	$(PY) -m microtrain simulate $(DEMO_PLAN) --data examples/digits_user.npz --epochs 5
+
+test: native firmware
+	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
+
+clean: firmware-clean
+	rm -rf build host/build host/microtrain/_native*.so host/microtrain/_native.c .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) host/*.egg-info

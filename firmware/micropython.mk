@@ -1,0 +1,128 @@
+# MicroPython firmware with the microtrain module built in.
+#
+# Include this from the top-level Makefile:
+#     include firmware/micropython.mk
+# Targets:
+#     firmware-unix    build/micropython-unix/micropython   (host executable)
+#     firmware-qemu    build/micropython-qemu/firmware.elf  (Cortex-M7, qemu mps2-an500)
+#     firmware         both
+#     firmware-check   report the MicroPython checkout and its version
+#     firmware-clean   remove both build directories
+# Every path and flag below is overridable on the command line, e.g.
+#     make firmware-unix MICROPY_DIR=~/src/micropython
+# See firmware/README.md.
+
+# The repository root: this file lives in <root>/firmware/.
+MICROTRAIN_ROOT := $(patsubst %/,%,$(dir $(abspath $(dir $(lastword $(MAKEFILE_LIST))))))
+
+MICROPY_DIR ?= $(HOME)/.cache/microtrain/micropython
+MICROPY_TAG := v1.28.0
+MICROPY_VERSION_WANT := $(patsubst v%,%,$(MICROPY_TAG))
+
+MICROTRAIN_BUILD ?= $(MICROTRAIN_ROOT)/build
+MICROTRAIN_USER_C_MODULES ?= $(MICROTRAIN_ROOT)/modules
+
+FIRMWARE_UNIX_BUILD ?= $(MICROTRAIN_BUILD)/micropython-unix
+FIRMWARE_UNIX_VARIANT ?= standard
+FIRMWARE_UNIX_ARGS ?= FROZEN_MANIFEST= MICROPY_PY_BTREE=0 MICROPY_PY_SSL=0 MICROPY_SSL_AXTLS=0 MICROPY_PY_FFI=0
+
+FIRMWARE_QEMU_BUILD ?= $(MICROTRAIN_BUILD)/micropython-qemu
+FIRMWARE_QEMU_BOARD ?= MPS2_AN500
+FIRMWARE_QEMU_ARGS ?= FROZEN_MANIFEST=
+
+# Extra arguments for MicroPython's make (e.g. V=1 or COPT=-O0).
+FIRMWARE_MAKE_ARGS ?=
+
+FIRMWARE_UNIX := $(FIRMWARE_UNIX_BUILD)/micropython
+FIRMWARE_QEMU := $(FIRMWARE_QEMU_BUILD)/firmware.elf
+MPY_CROSS := $(MICROPY_DIR)/mpy-cross/build/mpy-cross
+
+# The module's sources: a change here rebuilds; a change in the set of files
+# (or in the settings below) starts from a clean build directory, since
+# MicroPython's generated headers do not follow a changing module set.
+MICROTRAIN_MODULE_FILES = $(sort $(wildcard $(MICROTRAIN_USER_C_MODULES)/*/*.c $(MICROTRAIN_USER_C_MODULES)/*/*.h $(MICROTRAIN_USER_C_MODULES)/*/micropython.mk))
+MICROTRAIN_FIRMWARE_MK := $(abspath $(lastword $(MAKEFILE_LIST)))
+
+# MicroPython's make gets only our explicit arguments and the parent's jobserver:
+# variables set on the parent's command line (`make test CFLAGS=...`) are taken
+# out of both MAKEFLAGS and the environment, or they would override or prefix
+# MicroPython's own CFLAGS, CC, BUILD... Pass MicroPython arguments with
+# FIRMWARE_MAKE_ARGS instead.
+MICROTRAIN_CMDLINE_VARS = $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+MICROTRAIN_SUBMAKE = env $(addprefix -u ,$(MICROTRAIN_CMDLINE_VARS)) \
+	MAKEFLAGS='$(filter -j% --jobserver-auth=% --jobserver-fds=%,$(MAKEFLAGS))' $(MAKE)
+
+# 1.28.0 from py/mpconfig.h, empty if there is no checkout.
+MICROPY_VERSION_FOUND := $(shell awk '/^\#define MICROPY_VERSION_(MAJOR|MINOR|MICRO) /{v = v (v == "" ? "" : ".") $$3} END {print v}' "$(MICROPY_DIR)/py/mpconfig.h" 2>/dev/null)
+
+.PHONY: firmware firmware-unix firmware-qemu firmware-check firmware-clean microtrain-firmware-force
+
+firmware-clean:
+	rm -rf "$(FIRMWARE_UNIX_BUILD)" "$(FIRMWARE_QEMU_BUILD)"
+
+ifeq ($(wildcard $(MICROPY_DIR)/py/mpconfig.h),)
+
+# No checkout: say so once and succeed, so `make` works without MicroPython.
+firmware firmware-unix firmware-qemu firmware-check:
+	@echo "microtrain: no MicroPython checkout at $(MICROPY_DIR); set MICROPY_DIR (see firmware/README.md); skipping $@"
+
+else
+
+firmware: firmware-unix firmware-qemu
+firmware-unix: $(FIRMWARE_UNIX)
+firmware-qemu: $(FIRMWARE_QEMU)
+
+firmware-check:
+	@echo "microtrain: MicroPython $(MICROPY_VERSION_FOUND) at $(MICROPY_DIR) (want $(MICROPY_TAG))"
+	@$(microtrain_check_version)
+
+microtrain_check_version = \
+	if [ "$(MICROPY_VERSION_FOUND)" != "$(MICROPY_VERSION_WANT)" ]; then \
+	    echo "microtrain: warning: MicroPython at $(MICROPY_DIR) is $(or $(MICROPY_VERSION_FOUND),of unknown version); microtrain is built and tested with $(MICROPY_TAG)"; \
+	fi
+
+# $(call microtrain_config,build dir,settings): (re)write <build dir>/microtrain.config
+# only when the settings differ from the last build's, and then empty the build
+# directory first. The stamp is remade on every run but keeps its timestamp when
+# nothing changed, so the firmware is rebuilt only when something it depends on did.
+microtrain_config = \
+	mkdir -p "$(1)"; \
+	printf '%s\n' $(2) > "$(1)/microtrain.config.new"; \
+	if cmp -s "$(1)/microtrain.config.new" "$(1)/microtrain.config"; then \
+	    rm -f "$(1)/microtrain.config.new"; \
+	else \
+	    if [ -f "$(1)/microtrain.config" ]; then echo "microtrain: settings or module file set changed; starting $(1) afresh"; fi; \
+	    find "$(1)" -mindepth 1 -maxdepth 1 ! -name microtrain.config.new -exec rm -rf {} +; \
+	    mv "$(1)/microtrain.config.new" "$(1)/microtrain.config"; \
+	fi
+
+FIRMWARE_UNIX_CONFIG = '$(MICROPY_DIR)' '$(MICROPY_VERSION_FOUND)' '$(FIRMWARE_UNIX_VARIANT)' '$(FIRMWARE_UNIX_ARGS)' '$(FIRMWARE_MAKE_ARGS)' $(MICROTRAIN_MODULE_FILES)
+FIRMWARE_QEMU_CONFIG = '$(MICROPY_DIR)' '$(MICROPY_VERSION_FOUND)' '$(FIRMWARE_QEMU_BOARD)' '$(FIRMWARE_QEMU_ARGS)' '$(FIRMWARE_MAKE_ARGS)' $(MICROTRAIN_MODULE_FILES)
+
+$(FIRMWARE_UNIX_BUILD)/microtrain.config: microtrain-firmware-force
+	@$(call microtrain_config,$(FIRMWARE_UNIX_BUILD),$(FIRMWARE_UNIX_CONFIG))
+
+$(FIRMWARE_QEMU_BUILD)/microtrain.config: microtrain-firmware-force
+	@$(call microtrain_config,$(FIRMWARE_QEMU_BUILD),$(FIRMWARE_QEMU_CONFIG))
+
+$(MPY_CROSS):
+	@echo "microtrain: building mpy-cross in $(MICROPY_DIR)/mpy-cross"
+	+@$(MICROTRAIN_SUBMAKE) -C "$(MICROPY_DIR)/mpy-cross" $(FIRMWARE_MAKE_ARGS)
+
+# MicroPython's make is itself incremental; the touch keeps this rule from
+# rerunning it when nothing relinked.
+$(FIRMWARE_UNIX): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_UNIX_BUILD)/microtrain.config | $(MPY_CROSS)
+	@$(microtrain_check_version)
+	+$(MICROTRAIN_SUBMAKE) -C "$(MICROPY_DIR)/ports/unix" BUILD="$(FIRMWARE_UNIX_BUILD)" VARIANT="$(FIRMWARE_UNIX_VARIANT)" \
+	    USER_C_MODULES="$(MICROTRAIN_USER_C_MODULES)" $(FIRMWARE_UNIX_ARGS) $(FIRMWARE_MAKE_ARGS)
+	@touch "$@"
+	@echo "microtrain: built $@"
+
+$(FIRMWARE_QEMU): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_QEMU_BUILD)/microtrain.config | $(MPY_CROSS)
+	@$(microtrain_check_version)
+	+$(MICROTRAIN_SUBMAKE) -C "$(MICROPY_DIR)/ports/qemu" BOARD="$(FIRMWARE_QEMU_BOARD)" BUILD="$(FIRMWARE_QEMU_BUILD)" \
+	    USER_C_MODULES="$(MICROTRAIN_USER_C_MODULES)" $(FIRMWARE_QEMU_ARGS) $(FIRMWARE_MAKE_ARGS)
+	@touch "$@"
+	@echo "microtrain: built $@"
+
+endif

@@ -1,0 +1,71 @@
+"""microtrain.compile: ONNX model -> validated training plan."""
+from __future__ import annotations
+
+import math
+
+from . import __version__
+from . import format as F
+from .onnx_import import import_onnx
+from .plan import Plan, assign_memory, write_plan
+from .training import build_training, macs_total
+from .update import resolve_update
+
+LOSSES = ("cross-entropy", "mse")
+PLANNERS = ("greedy", "naive")
+
+
+def _positive_float(name, v, allow_zero=True):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise TypeError("%s must be a number, got %r" % (name, v)) from None
+    if not math.isfinite(f) or f < 0 or (f == 0 and not allow_zero):
+        raise ValueError("%s must be a finite number %s 0, got %r" % (name, ">=" if allow_zero else ">", v))
+    return f
+
+
+def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
+            batch=1, planner="greedy", guard=0):
+    """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
+
+    update: "last-layer", "bias", "last:K", "full", a JSON file or a list of
+    initializer names. loss: "cross-entropy" (softmax fused) or "mse".
+    batch: samples per update (1 updates after every sample). planner:
+    "greedy" shares arena memory between tensors whose lifetimes do not
+    overlap; "naive" gives every tensor its own memory (for debugging).
+    guard: bytes left free around every arena tensor (for memory tests).
+    """
+    if loss not in LOSSES:
+        raise ValueError("unknown loss %r; use one of %s" % (loss, ", ".join(LOSSES)))
+    if planner not in PLANNERS:
+        raise ValueError("unknown planner %r; use one of %s" % (planner, ", ".join(PLANNERS)))
+    lr = _positive_float("lr", lr)
+    momentum = _positive_float("momentum", momentum)
+    weight_decay = _positive_float("weight_decay", weight_decay)
+    if momentum >= 1:
+        raise ValueError("momentum must be below 1, got %r" % momentum)
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 65535:
+        raise ValueError("batch must be a whole number from 1 to 65535, got %r" % (batch,))
+    graph = import_onnx(model, loss)
+    trainable = resolve_update(graph, update)
+    tensors, ops = build_training(graph, trainable, loss, batch, momentum)
+    out = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["OUTPUT"])
+    inp = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["INPUT"])
+    tgt = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["TARGET"])
+    if loss == "mse" and graph.dropped_output_op:
+        raise ValueError("mse loss with a dropped %s output" % graph.dropped_output_op)
+    arena, state, naive, peak, blobs, data_size = assign_memory(tensors, ops, (inp, tgt), planner, guard)
+    values = graph.values
+    meta = {
+        "microtrain": __version__,
+        "update": update if isinstance(update, str) else sorted(update),
+        "input": {"name": graph.input, "shape": [1] + list(values[graph.input].onnx_shape[1:])},
+        "output": {"name": graph.output, "shape": [1] + list(values[graph.output].onnx_shape[1:])},
+        "param_shapes": {t.name: list(t.onnx_shape) for t in tensors if t.flags & F.TFLAGS["PARAM"]},
+        "notes": graph.notes,
+        "planner": planner,
+    }
+    data = write_plan(tensors, ops, arena=arena, state=state, naive=naive, blobs=blobs, data_size=data_size,
+                      io=(inp, tgt, out), loss=loss, batch=batch, lr=lr, momentum=momentum,
+                      weight_decay=weight_decay, macs=macs_total(ops), meta=meta)
+    return Plan(data)

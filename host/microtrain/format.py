@@ -1,0 +1,307 @@
+"""The .mtp plan format: the one definition both sides use.
+
+Python writes and reads plans with these tables; `python -m microtrain.format`
+prints modules/microtrain/mt_format.h from them, and a test checks that the
+committed header is exactly that output, so host and device cannot drift.
+docs/plan-format.md describes the same layout in prose.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"MTPL"
+VERSION = 1
+ALIGN = 8           # every section, constant, state and arena offset is a multiple of this
+NO_TENSOR = 0xFFFF  # an absent optional tensor slot
+NO_NAME = 0xFFFFFFFF
+MAX_SLOTS = 8       # tensor slots per op
+MAX_ATTRS = 16      # int32 attributes per op
+MAX_DIMS = 4
+
+# ---- header: (field, struct code); little-endian, packed in this order ----
+HEADER_FIELDS = [
+    ("magic", "4s"),          # b"MTPL"
+    ("version", "H"),         # format version, VERSION
+    ("header_bytes", "H"),    # size of this header
+    ("file_bytes", "I"),      # size of the whole plan
+    ("crc32", "I"),           # CRC-32 (IEEE 802.3) of bytes [16, file_bytes)
+    ("flags", "I"),           # reserved, 0
+    ("n_tensors", "H"),
+    ("n_ops", "H"),
+    ("tensors_off", "I"),     # tensor table: n_tensors records of TENSOR_FIELDS
+    ("ops_off", "I"),         # op list in execution order
+    ("ops_bytes", "I"),
+    ("data_off", "I"),        # constants and initial parameter values
+    ("data_bytes", "I"),
+    ("names_off", "I"),       # NUL-terminated tensor names
+    ("names_bytes", "I"),
+    ("meta_off", "I"),        # UTF-8 JSON for host tools; the device ignores it
+    ("meta_bytes", "I"),
+    ("arena_bytes", "I"),     # planned size of the transient region
+    ("state_bytes", "I"),     # persistent region: trainable parameters, optimizer state
+    ("naive_bytes", "I"),     # transient tensors if none shared memory (informational)
+    ("const_bytes", "I"),     # frozen constants (informational)
+    ("macs_lo", "I"),         # multiply-accumulates of one training step (informational)
+    ("macs_hi", "I"),
+    ("input_tensor", "H"),
+    ("target_tensor", "H"),
+    ("output_tensor", "H"),
+    ("loss", "B"),            # LOSS_*
+    ("reserved0", "B"),
+    ("batch", "H"),           # samples per update, >= 1
+    ("reserved1", "H"),
+    ("lr", "f"),
+    ("momentum", "f"),
+    ("weight_decay", "f"),
+    ("reserved2", "28s"),     # zero; room for later fields
+]
+HEADER_STRUCT = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
+HEADER_BYTES = HEADER_STRUCT.size
+CRC_START = 16
+
+TENSOR_FIELDS = [
+    ("dtype", "B"),           # DTYPE_*
+    ("storage", "B"),         # STORAGE_*
+    ("ndim", "B"),            # 1..MAX_DIMS
+    ("flags", "B"),           # TFLAG_*
+    ("offset", "I"),          # into the arena, the state region or the data section
+    ("bytes", "I"),           # elements * dtype size
+    ("dim0", "I"),
+    ("dim1", "I"),
+    ("dim2", "I"),
+    ("dim3", "I"),            # unused dims are 1
+    ("name", "I"),            # offset into the names section, or NO_NAME
+    ("init", "I"),            # trainable parameter: offset of its initial value in data; else NO_NAME
+    ("quant", "H"),           # reserved for int8 quantisation parameters, 0xFFFF
+    ("reserved", "H"),
+]
+TENSOR_STRUCT = struct.Struct("<" + "".join(code for _, code in TENSOR_FIELDS))
+TENSOR_BYTES = TENSOR_STRUCT.size
+
+# op record: u8 code, u8 phase, u8 n_tensors, u8 n_attrs, u16 tensor[n_tensors],
+# padding to 4 bytes, i32 attr[n_attrs]
+OP_HEAD_BYTES = 4
+
+DTYPES = {"F32": (1, 4), "I32": (2, 4), "I8": (3, 1), "U8": (4, 1)}  # name: (code, size)
+STORAGES = {"ARENA": 0, "CONST": 1, "STATE": 2}
+TFLAGS = {"PARAM": 1, "MOMENTUM": 2, "GRAD_ACC": 4, "INPUT": 8, "TARGET": 16, "OUTPUT": 32}
+PHASES = {"FORWARD": 0, "TRAIN": 1, "BATCH_END": 2}
+LOSSES = {"CROSS_ENTROPY": 1, "MSE": 2}
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    role: str          # "in" (read), "out" (written, arena), "param" (trainable, state), "state" (state)
+    dtype: str = "F32"
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    code: int
+    slots: tuple
+    attrs: tuple
+    inplace: tuple = ()     # (out slot, in slot) pairs allowed to share memory exactly
+
+    def slot_index(self, name):
+        return [s.name for s in self.slots].index(name)
+
+
+def _s(spec):
+    """'x y:out b? w:param' -> Slots; '?' marks an optional slot, ':I32' a dtype."""
+    out = []
+    for word in spec.split():
+        optional = word.endswith("?")
+        word = word.rstrip("?")
+        name, _, rest = word.partition(":")
+        role, dtype = "in", "F32"
+        for part in filter(None, rest.split(":")):
+            if part in DTYPES:
+                dtype = part
+            else:
+                role = part
+        out.append(Slot(name, role, dtype, optional))
+    return tuple(out)
+
+
+CONV_ATTRS = ("stride_h", "stride_w", "pad_t", "pad_l", "pad_b", "pad_r",
+              "dil_h", "dil_w", "groups")
+POOL_ATTRS = ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_t", "pad_l",
+              "pad_b", "pad_r", "dil_h", "dil_w", "count_include_pad")
+# the range of weight elements a gradient op trains: output channels [o_begin, o_begin+o_count)
+# and input channels (within a group) [i_begin, i_begin+i_count)
+RANGE_ATTRS = ("o_begin", "o_count", "i_begin", "i_count")
+SINK = "w:param m:state? acc:state?"   # optimizer sink shared by all parameter-gradient ops
+
+OPS = (
+    OpSpec("CONV2D", 1, _s("x w b? y:out"), CONV_ATTRS),
+    OpSpec("CONV2D_BWD_INPUT", 2, _s("dy w dx:out"), CONV_ATTRS),
+    OpSpec("CONV2D_BWD_WEIGHT", 3, _s("dy x " + SINK), CONV_ATTRS + RANGE_ATTRS),
+    OpSpec("GEMM", 4, _s("x w b? y:out"), ("w_layout",)),
+    OpSpec("GEMM_BWD_INPUT", 5, _s("dy w dx:out"), ("w_layout",)),
+    OpSpec("GEMM_BWD_WEIGHT", 6, _s("dy x " + SINK), ("w_layout",) + RANGE_ATTRS),
+    OpSpec("BIAS_BWD", 7, _s("dy " + SINK), ("o_begin", "o_count")),
+    OpSpec("CLIP", 8, _s("x y:out"), ("lo_bits", "hi_bits"), inplace=(("y", "x"),)),
+    OpSpec("CLIP_BWD", 9, _s("y dy dx:out"), ("lo_bits", "hi_bits"), inplace=(("dx", "dy"),)),
+    OpSpec("MAXPOOL", 10, _s("x y:out"), POOL_ATTRS),
+    OpSpec("MAXPOOL_BWD", 11, _s("x dy dx:out"), POOL_ATTRS),
+    OpSpec("AVGPOOL", 12, _s("x y:out"), POOL_ATTRS),
+    OpSpec("AVGPOOL_BWD", 13, _s("dy dx:out"), POOL_ATTRS),
+    OpSpec("GAP", 14, _s("x y:out"), ()),
+    OpSpec("GAP_BWD", 15, _s("dy dx:out"), ()),
+    OpSpec("ADD", 16, _s("a b y:out"), (), inplace=(("y", "a"), ("y", "b"))),
+    OpSpec("SOFTMAX_CE", 17, _s("logits label:I32 dlogits:out"), ()),
+    OpSpec("MSE", 18, _s("out target dout:out"), ()),
+    OpSpec("SGD", 19, _s("w:param m:state? acc:state"), ()),
+)
+OPS_BY_NAME = {op.name: op for op in OPS}
+OPS_BY_CODE = {op.code: op for op in OPS}
+W_LAYOUT_OUT_IN = 0   # Gemm weight stored [out, in] (Gemm transB=1, torch Linear)
+W_LAYOUT_IN_OUT = 1   # Gemm weight stored [in, out] (MatMul, Gemm transB=0)
+
+ROLE_CODES = {"in": 0, "out": 1, "param": 2, "state": 3}
+
+ERRORS = (  # (name, message); code = position + 1, 0 is success
+    ("MAGIC", "not a microtrain plan (bad magic)"),
+    ("VERSION", "unsupported plan format version"),
+    ("TRUNCATED", "plan is truncated (shorter than its size field)"),
+    ("OVERSIZE", "plan buffer is longer than its size field (trailing bytes)"),
+    ("CRC", "plan CRC mismatch (corrupted plan)"),
+    ("HEADER", "invalid plan header field"),
+    ("SECTION", "plan section out of bounds or misaligned"),
+    ("TENSOR", "invalid tensor record"),
+    ("OP", "invalid op record"),
+    ("OPCODE", "unknown op code"),
+    ("SHAPE", "tensor shapes do not fit the op"),
+    ("ALIAS", "op output overlaps another of its tensors"),
+    ("NAME", "invalid tensor name"),
+    ("ALIGN", "buffer is not 4-byte aligned"),
+    ("RAM", "RAM buffer too small for the plan"),
+    ("INPUT_LEN", "input has the wrong number of elements"),
+    ("TARGET_LEN", "target has the wrong number of elements"),
+    ("NONFINITE", "input contains NaN or infinity"),
+    ("LABEL", "class label out of range"),
+    ("LOSS", "loss is not finite; parameters were not updated"),
+    ("NOT_TRAINABLE", "plan has no training ops"),
+    ("INDEX", "index out of range"),
+    ("PHASE", "op phases out of order or loss op misplaced"),
+    ("OPTIM", "invalid optimizer settings"),
+    ("DETACHED", "no plan loaded or no RAM attached"),
+    ("OUTPUT_LEN", "output buffer has the wrong number of elements"),
+    ("TARGET_KIND", "target kind does not match the loss (class label for cross-entropy, float targets for mse)"),
+)
+
+
+def dtype_code(name):
+    return DTYPES[name][0]
+
+
+def dtype_size(code):
+    for c, size in DTYPES.values():
+        if c == code:
+            return size
+    raise KeyError(code)
+
+
+def header_offsets():
+    """Byte offset of each header field."""
+    offs, pos = {}, 0
+    for name, code in HEADER_FIELDS:
+        offs[name] = pos
+        pos += struct.calcsize("<" + code)
+    return offs
+
+
+def tensor_offsets():
+    offs, pos = {}, 0
+    for name, code in TENSOR_FIELDS:
+        offs[name] = pos
+        pos += struct.calcsize("<" + code)
+    return offs
+
+
+def c_header():
+    """The text of modules/microtrain/mt_format.h."""
+    L = ["/* Generated by `python -m microtrain.format` from host/microtrain/format.py.",
+         " * Do not edit: change format.py and regenerate (make header). */",
+         "#ifndef MT_FORMAT_H", "#define MT_FORMAT_H", "",
+         '#define MT_MAGIC "%s"' % MAGIC.decode(),
+         "#define MT_VERSION %d" % VERSION,
+         "#define MT_ALIGN %d" % ALIGN,
+         "#define MT_NO_TENSOR 0x%X" % NO_TENSOR,
+         "#define MT_NO_NAME 0x%XU" % NO_NAME,
+         "#define MT_MAX_SLOTS %d" % MAX_SLOTS,
+         "#define MT_MAX_ATTRS %d" % MAX_ATTRS,
+         "#define MT_MAX_DIMS %d" % MAX_DIMS,
+         "#define MT_CRC_START %d" % CRC_START,
+         "#define MT_OP_HEAD_BYTES %d" % OP_HEAD_BYTES, "",
+         "/* header field byte offsets */",
+         "#define MT_HEADER_BYTES %d" % HEADER_BYTES]
+    for name, off in header_offsets().items():
+        L.append("#define MT_H_%s %d" % (name.upper(), off))
+    L += ["", "/* tensor record field byte offsets */", "#define MT_TENSOR_BYTES %d" % TENSOR_BYTES]
+    for name, off in tensor_offsets().items():
+        L.append("#define MT_T_%s %d" % (name.upper(), off))
+    L += ["", "/* dtype codes and sizes */"]
+    for name, (code, size) in DTYPES.items():
+        L.append("#define MT_DTYPE_%s %d" % (name, code))
+        L.append("#define MT_DTYPE_%s_SIZE %d" % (name, size))
+    L += ["", "/* tensor storage */"]
+    L += ["#define MT_STORAGE_%s %d" % kv for kv in STORAGES.items()]
+    L += ["", "/* tensor flags */"]
+    L += ["#define MT_TFLAG_%s %d" % kv for kv in TFLAGS.items()]
+    L += ["", "/* op phases */"]
+    L += ["#define MT_PHASE_%s %d" % kv for kv in PHASES.items()]
+    L += ["", "/* losses */"]
+    L += ["#define MT_LOSS_%s %d" % kv for kv in LOSSES.items()]
+    L += ["", "/* gemm weight layouts */",
+          "#define MT_W_LAYOUT_OUT_IN %d" % W_LAYOUT_OUT_IN,
+          "#define MT_W_LAYOUT_IN_OUT %d" % W_LAYOUT_IN_OUT]
+    L += ["", "/* slot roles */"]
+    L += ["#define MT_ROLE_%s %d" % (k.upper(), v) for k, v in ROLE_CODES.items()]
+    L += ["", "/* op codes, slot positions and attribute positions */"]
+    for op in OPS:
+        L.append("#define MT_OP_%s %d" % (op.name, op.code))
+        L.append("#define MT_%s_NSLOTS %d" % (op.name, len(op.slots)))
+        L.append("#define MT_%s_NATTRS %d" % (op.name, len(op.attrs)))
+        for i, s in enumerate(op.slots):
+            L.append("#define MT_%s_%s %d" % (op.name, s.name.upper(), i))
+        for i, a in enumerate(op.attrs):
+            L.append("#define MT_%s_A_%s %d" % (op.name, a.upper(), i))
+    L.append("#define MT_OP_MAX %d" % max(op.code for op in OPS))
+    L += ["", "/* per-op slot table, indexed by op code: initialiser for mt_opspec_t[MT_OP_MAX + 1] */",
+          "#define MT_SLOT(role, dtype, opt) ((uint8_t)((role) | ((dtype) << 2) | ((opt) << 7)))",
+          "#define MT_SLOT_ROLE(s) ((s) & 3)", "#define MT_SLOT_DTYPE(s) (((s) >> 2) & 31)",
+          "#define MT_SLOT_OPTIONAL(s) (((s) >> 7) & 1)",
+          "#define MT_OPSPECS_INIT { \\", "    {0, 0, {0}, {255, 255, 255, 255}}, \\"]
+    for code in range(1, max(OPS_BY_CODE) + 1):
+        op = OPS_BY_CODE.get(code)
+        if op is None:
+            L.append("    {0, 0, {0}, {255, 255, 255, 255}}, \\")
+            continue
+        slots = ", ".join("MT_SLOT(%d, %d, %d)" % (ROLE_CODES[s.role], DTYPES[s.dtype][0], int(s.optional))
+                          for s in op.slots)
+        pairs = [(op.slot_index(o), op.slot_index(i)) for o, i in op.inplace]
+        pairs += [(255, 255)] * (2 - len(pairs))
+        inpl = ", ".join("%d, %d" % p for p in pairs)
+        L.append("    {%d, %d, {%s}, {%s}}, /* %s */ \\" % (len(op.slots), len(op.attrs), slots, inpl, op.name))
+    L.append("}")
+    L += ["", "/* error codes */", "#define MT_OK 0"]
+    for i, (name, _) in enumerate(ERRORS):
+        L.append("#define MT_E_%s %d" % (name, i + 1))
+    L.append("#define MT_E_COUNT %d" % (len(ERRORS) + 1))
+    L.append("#define MT_ERROR_MESSAGES \\")
+    L.append('    "ok", \\')
+    for _, msg in ERRORS:
+        L.append('    "%s", \\' % msg)
+    L[-1] = L[-1].rstrip(" \\")
+    L += ["", "#endif /* MT_FORMAT_H */", ""]
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    import sys
+    sys.stdout.write(c_header())

@@ -1,0 +1,69 @@
+"""The compiler's model graph: what the ONNX importer produces and autodiff consumes.
+
+Shapes are internal and per sample (batch 1): activations are (1, F) or
+(1, C, H, W); a 1-D signal (N, C, L) becomes (1, C, 1, L) so every convolution
+and pooling kernel is 2-D. `onnx_shape` keeps what the ONNX graph said, for the
+user-facing side (predict output, params()).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LAYER_OPS = ("conv", "gemm")   # ops that own a weight and an optional bias
+
+
+@dataclass
+class Value:
+    name: str
+    shape: tuple                   # internal shape
+    onnx_shape: tuple = ()         # the ONNX shape (batch dim included for activations)
+    data: np.ndarray | None = None  # constants: float32, internal shape
+    view_of: str | None = None     # same memory as another value, other shape
+
+    @property
+    def is_const(self):
+        return self.data is not None
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+
+@dataclass
+class Node:
+    op: str                        # conv, gemm, clip, maxpool, avgpool, gap, add
+    inputs: list                   # value names; None for an absent optional input
+    output: str
+    attrs: dict = field(default_factory=dict)
+    onnx_name: str = ""            # for messages: which ONNX node this came from
+
+    def weight(self):
+        return self.inputs[1] if self.op in LAYER_OPS else None
+
+    def bias(self):
+        return self.inputs[2] if self.op in LAYER_OPS and len(self.inputs) > 2 else None
+
+
+@dataclass
+class Graph:
+    values: dict                   # name -> Value
+    nodes: list                    # Node, in execution order
+    input: str
+    output: str
+    notes: list = field(default_factory=list)   # what the importer changed (folds, dropped softmax)
+    dropped_output_op: str | None = None        # "Softmax"/"LogSoftmax" removed from the output
+
+    def layers(self):
+        """Nodes that own parameters, in execution order."""
+        return [n for n in self.nodes if n.op in LAYER_OPS]
+
+    def consumers(self, name):
+        return [n for n in self.nodes if name in n.inputs]
+
+    def root(self, name):
+        """The value whose memory `name` uses (follows views)."""
+        while self.values[name].view_of is not None:
+            name = self.values[name].view_of
+        return name

@@ -1,0 +1,538 @@
+"""ONNX model -> microtrain graph (ir.Graph).
+
+Folds what is fixed at compile time (constants, shape arithmetic, BatchNormalization
+into the preceding layer, identity-like ops, reshapes as views), fuses MatMul+Add
+into one fully connected layer, and refuses anything else with a message that
+names the node, its op type and what is supported.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .ir import Graph, Node, Value
+
+MIN_OPSET, MAX_OPSET = 13, 21
+SUPPORTED = ("Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "MaxPool", "AveragePool",
+             "GlobalAveragePool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity",
+             "Dropout", "BatchNormalization", "Softmax (output only)", "LogSoftmax (output only)",
+             "and any op whose inputs are all constants")
+
+
+class UnsupportedModel(NotImplementedError):
+    pass
+
+
+def _where(node):
+    return "ONNX node '%s' (%s)" % (node.name or node.output[0], node.op_type)
+
+
+def load_model(model):
+    """A ModelProto from a path, bytes or ModelProto, at an opset microtrain reads."""
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        try:
+            model = onnx.load(model) if not isinstance(model, bytes) else onnx.load_from_string(model)
+        except Exception as e:   # onnx raises several types for unreadable files
+            raise ValueError("cannot read ONNX model %r: %s" % (model, e)) from e
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError("expected an ONNX file path or onnx.ModelProto, got %s" % type(model).__name__)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise ValueError("ONNX model declares no default-domain opset")
+    if opset > MAX_OPSET:
+        raise UnsupportedModel("ONNX opset %d is newer than microtrain reads (%d to %d); re-export with "
+                               "opset_version=%d" % (opset, MIN_OPSET, MAX_OPSET, MAX_OPSET))
+    notes = []
+    if opset < MIN_OPSET:
+        try:
+            model = onnx.version_converter.convert_version(model, MIN_OPSET)
+        except Exception as e:
+            raise UnsupportedModel("ONNX opset %d is older than %d and onnx's version converter failed: %s"
+                                   % (opset, MIN_OPSET, e)) from e
+        notes.append("converted from opset %d to %d with onnx.version_converter" % (opset, MIN_OPSET))
+    return model, notes
+
+
+def internal_shape(shape, what):
+    """Per-sample internal shape for an ONNX activation shape (batch first)."""
+    rank = len(shape)
+    if rank == 2:
+        return (1, int(shape[1]))
+    if rank == 3:
+        return (1, int(shape[1]), 1, int(shape[2]))
+    if rank == 4:
+        return (1,) + tuple(int(d) for d in shape[1:])
+    raise UnsupportedModel("%s: activations must be 2-D (N,F), 3-D (N,C,L) or 4-D (N,C,H,W); got shape %s"
+                           % (what, tuple(shape)))
+
+
+class Importer:
+    def __init__(self, model, loss):
+        self.model = model
+        self.loss = loss
+        self.g = model.graph
+        self.consts = {}      # name -> np.ndarray (ONNX values, any dtype)
+        self.acts = {}        # name -> ONNX shape of an activation
+        self.values = {}      # IR values
+        self.nodes = []       # IR nodes
+        self.producer = {}    # activation name -> IR node
+        self.alias = {}       # ONNX name -> the name it stands for
+        self.transposed = {}  # const name -> initializer it is the 2-D transpose of
+        self.notes = []
+        self.dropped = None
+        self.uses = {}
+        for n in self.g.node:
+            for i in n.input:
+                if i:
+                    self.uses[i] = self.uses.get(i, 0) + 1
+        for o in self.g.output:
+            self.uses[o.name] = self.uses.get(o.name, 0) + 1
+
+    # ---- helpers ----
+    def r(self, name):
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    def is_const(self, name):
+        return name in self.consts
+
+    def const(self, node, name, what):
+        name = self.r(name)
+        if name not in self.consts:
+            raise UnsupportedModel("%s: %s must be a constant (an initializer), not a computed tensor"
+                                   % (_where(node), what))
+        return self.consts[name]
+
+    def act(self, node, name):
+        name = self.r(name)
+        if name not in self.acts:
+            raise UnsupportedModel("%s: input '%s' must be an activation, but it is a constant"
+                                   % (_where(node), name))
+        return name
+
+    def add_act(self, name, onnx_shape, what, view_of=None):
+        shape = internal_shape(onnx_shape, what)
+        self.acts[name] = tuple(int(d) for d in onnx_shape)
+        self.values[name] = Value(name, shape, tuple(int(d) for d in onnx_shape), view_of=view_of)
+
+    def param(self, name, data, onnx_shape):
+        """A float32 constant the IR keeps (weight, bias), in internal shape."""
+        if name not in self.values:
+            self.values[name] = Value(name, data.shape, tuple(onnx_shape), data=np.ascontiguousarray(data, np.float32))
+        return name
+
+    def emit(self, op, inputs, output, attrs, node, onnx_shape):
+        self.add_act(output, onnx_shape, _where(node))
+        ir = Node(op, inputs, output, attrs, node.name or node.output[0])
+        self.nodes.append(ir)
+        self.producer[output] = ir
+        return ir
+
+    @staticmethod
+    def attrs(node):
+        return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+    # ---- driver ----
+    def run(self):
+        inits = {t.name for t in self.g.initializer}
+        for t in self.g.initializer:
+            self.consts[t.name] = numpy_helper.to_array(t)
+        inputs = [i for i in self.g.input if i.name not in inits]
+        if len(inputs) != 1:
+            raise UnsupportedModel("the model must have exactly one input (besides initializers); it has %d: %s"
+                                   % (len(inputs), [i.name for i in inputs]))
+        inp = inputs[0]
+        dims = inp.type.tensor_type.shape.dim
+        shape = []
+        for k, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(d.dim_value)
+            elif k == 0:
+                shape.append(1)       # symbolic batch: compile for one sample
+            else:
+                raise UnsupportedModel("input '%s' dimension %d is symbolic (%s); export with fixed sizes"
+                                       % (inp.name, k, d.dim_param or "?"))
+        if inp.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+            raise UnsupportedModel("input '%s' must be float32" % inp.name)
+        self.batch = shape[0]
+        self.add_act(inp.name, shape, "model input '%s'" % inp.name)
+        self.input = inp.name
+        for node in self.g.node:
+            self.visit(node)
+        if len(self.g.output) != 1:
+            raise UnsupportedModel("the model must have exactly one output; it has %d" % len(self.g.output))
+        out = self.r(self.g.output[0].name)
+        if out not in self.acts:
+            raise UnsupportedModel("the model output '%s' is a constant" % out)
+        if out == self.input:
+            raise UnsupportedModel("the model computes nothing: its output is its input")
+        graph = Graph({}, self.nodes, self.input, out, self.notes, self.dropped)
+        used = {self.input, out}
+        for n in self.nodes:
+            used.update(i for i in n.inputs if i)
+            used.add(n.output)
+        for name in list(used):           # views keep their source alive
+            v = self.values[name]
+            while v.view_of is not None:
+                used.add(v.view_of)
+                v = self.values[v.view_of]
+        graph.values = {k: v for k, v in self.values.items() if k in used}
+        return graph
+
+    def visit(self, node):
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedModel("%s: domain '%s' is not supported" % (_where(node), node.domain))
+        ins = [self.r(i) if i else "" for i in node.input]
+        if node.op_type == "Constant":
+            from onnx.reference import ReferenceEvaluator
+            self.consts[node.output[0]] = ReferenceEvaluator(node).run(None, {})[0]
+            return
+        if node.op_type == "Shape" and ins[0] in self.acts:
+            a = self.attrs(node)
+            full = np.array(self.acts[ins[0]], dtype=np.int64)
+            self.consts[node.output[0]] = full[a.get("start", 0):a.get("end", len(full))]
+            return
+        if all(i == "" or i in self.consts for i in ins) and node.op_type not in ("Softmax", "LogSoftmax"):
+            self.fold(node, ins)
+            return
+        handler = getattr(self, "op_" + node.op_type, None)
+        if handler is None:
+            raise UnsupportedModel("%s is not supported. microtrain supports: %s"
+                                   % (_where(node), ", ".join(SUPPORTED)))
+        handler(node, ins)
+
+    def fold(self, node, ins):
+        """Evaluate a node whose inputs are all constants, with onnx.reference."""
+        from onnx.reference import ReferenceEvaluator
+        feeds = {n: self.consts[n] for n in ins if n}
+        renamed = onnx.helper.make_node(node.op_type, [i for i in ins], list(node.output),
+                                        domain=node.domain)
+        renamed.attribute.extend(node.attribute)
+        try:
+            outs = ReferenceEvaluator(renamed).run(None, feeds)
+        except Exception as e:
+            raise UnsupportedModel("%s: could not fold this constant computation: %s" % (_where(node), e)) from e
+        for name, val in zip(node.output, outs):
+            if name:
+                self.consts[name] = np.asarray(val)
+        if node.op_type == "Transpose" and ins[0] in {t.name for t in self.g.initializer} \
+                and self.consts[ins[0]].ndim == 2:
+            self.transposed[node.output[0]] = ins[0]
+
+    # ---- layers ----
+    def op_Conv(self, node, ins):
+        x = self.act(node, ins[0])
+        W = self.const(node, ins[1], "the Conv weight").astype(np.float32)
+        B = self.const(node, ins[2], "the Conv bias").astype(np.float32) if len(ins) > 2 and ins[2] else None
+        xs = self.acts[x]
+        rank = len(xs)
+        if rank not in (3, 4) or W.ndim != rank:
+            raise UnsupportedModel("%s: only 1-D and 2-D convolutions are supported (input shape %s)"
+                                   % (_where(node), xs))
+        a = self.attrs(node)
+        k = list(W.shape[2:])
+        if list(a.get("kernel_shape", k)) != k:
+            raise UnsupportedModel("%s: kernel_shape %s does not match the weight %s" % (_where(node), a["kernel_shape"], W.shape))
+        groups = int(a.get("group", 1))
+        sd = rank - 2
+        strides = list(a.get("strides", [1] * sd))
+        dil = list(a.get("dilations", [1] * sd))
+        spatial = list(xs[2:])
+        pads = self.pads(node, a, spatial, k, strides, dil)
+        C, O = xs[1], W.shape[0]
+        if C % groups or O % groups or W.shape[1] * groups != C:
+            raise UnsupportedModel("%s: weight %s does not fit input channels %d with group=%d"
+                                   % (_where(node), W.shape, C, groups))
+        out_sp = [self.extent(node, spatial[i], pads[i], pads[i + sd], k[i], dil[i], strides[i], False)
+                  for i in range(sd)]
+        if sd == 1:   # 1-D runs as 2-D with H = 1
+            W = W.reshape(W.shape[0], W.shape[1], 1, W.shape[2])
+            strides, dil, pads = [1] + strides, [1] + dil, [0, pads[0], 0, pads[1]]
+        wname = self.param(ins[1], W, self.consts[ins[1]].shape)
+        bname = self.param(ins[2], B, B.shape) if B is not None else None
+        attrs = dict(stride_h=strides[0], stride_w=strides[1], pad_t=pads[0], pad_l=pads[1], pad_b=pads[2],
+                     pad_r=pads[3], dil_h=dil[0], dil_w=dil[1], groups=groups)
+        self.emit("conv", [x, wname, bname], node.output[0], attrs, node, [xs[0], O] + out_sp)
+
+    def pads(self, node, a, spatial, k, strides, dil):
+        sd = len(spatial)
+        auto = a.get("auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        if auto in ("NOTSET", ""):
+            pads = list(a.get("pads", [0] * 2 * sd))
+        elif auto == "VALID":
+            pads = [0] * 2 * sd
+        elif auto in ("SAME_UPPER", "SAME_LOWER"):
+            pads = [0] * 2 * sd
+            for i in range(sd):
+                out = -(-spatial[i] // strides[i])
+                total = max(0, (out - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 - spatial[i])
+                small, big = total // 2, total - total // 2
+                pads[i], pads[i + sd] = (small, big) if auto == "SAME_UPPER" else (big, small)
+        else:
+            raise UnsupportedModel("%s: auto_pad %s is not supported" % (_where(node), auto))
+        if any(p < 0 for p in pads):
+            raise UnsupportedModel("%s: negative pads %s" % (_where(node), pads))
+        return pads
+
+    @staticmethod
+    def extent(node, size, p0, p1, k, dil, stride, ceil):
+        eff = dil * (k - 1) + 1
+        span = size + p0 + p1 - eff
+        if span < 0:
+            raise UnsupportedModel("%s: window %d is larger than the padded input %d" % (_where(node), eff, size + p0 + p1))
+        out = (-(-span // stride) if ceil else span // stride) + 1
+        if ceil and (out - 1) * stride >= size + p0:   # PyTorch: the last window must start inside the input or left pad
+            out -= 1
+        return out
+
+    def op_Gemm(self, node, ins):
+        a = self.attrs(node)
+        if a.get("transA", 0):
+            raise UnsupportedModel("%s: transA=1 is not supported" % _where(node))
+        x = self.act(node, ins[0])
+        if len(self.acts[x]) != 2:
+            raise UnsupportedModel("%s: Gemm input must be 2-D (N, F); got %s. Flatten first." % (_where(node), self.acts[x]))
+        W = self.const(node, ins[1], "the Gemm weight B").astype(np.float32)
+        layout = 0 if a.get("transB", 0) else 1
+        alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
+        if alpha != 1.0:
+            W = W * np.float32(alpha)
+            self.notes.append("%s: alpha=%g folded into the weight" % (_where(node), alpha))
+        O = W.shape[0] if layout == 0 else W.shape[1]
+        K = W.shape[1] if layout == 0 else W.shape[0]
+        if K != self.acts[x][1]:
+            raise UnsupportedModel("%s: weight %s does not fit input %s" % (_where(node), W.shape, self.acts[x]))
+        bname = None
+        if len(ins) > 2 and ins[2]:
+            C = self.const(node, ins[2], "the Gemm bias C").astype(np.float32)
+            bname = self.bias_param(node, ins[2], C * np.float32(beta), O)
+            if beta != 1.0:
+                self.notes.append("%s: beta=%g folded into the bias" % (_where(node), beta))
+        wname = self.param(ins[1], W, self.consts[ins[1]].shape)
+        self.emit("gemm", [x, wname, bname], node.output[0], {"w_layout": layout}, node, [self.acts[x][0], O])
+
+    def bias_param(self, node, name, C, O):
+        if C.size == O:
+            return self.param(name, C.reshape(O), C.shape)
+        if C.size == 1:
+            self.notes.append("%s: scalar bias broadcast to %d outputs" % (_where(node), O))
+            return self.param(name, np.full(O, C.reshape(()), np.float32), (O,))
+        raise UnsupportedModel("%s: bias of shape %s does not broadcast per output (%d)" % (_where(node), C.shape, O))
+
+    def op_MatMul(self, node, ins):
+        x = self.act(node, ins[0])
+        if len(self.acts[x]) != 2:
+            raise UnsupportedModel("%s: MatMul input must be 2-D (N, F); got %s" % (_where(node), self.acts[x]))
+        if ins[1] in self.transposed:             # MatMul(x, Transpose(W)) is Gemm with transB=1
+            wsrc, layout = self.transposed[ins[1]], 0
+        else:
+            wsrc, layout = ins[1], 1
+        W = self.const(node, wsrc, "the MatMul right-hand side").astype(np.float32)
+        if W.ndim != 2:
+            raise UnsupportedModel("%s: MatMul weight must be 2-D; got %s" % (_where(node), W.shape))
+        O = W.shape[1] if layout == 1 else W.shape[0]
+        K = W.shape[0] if layout == 1 else W.shape[1]
+        if K != self.acts[x][1]:
+            raise UnsupportedModel("%s: weight %s does not fit input %s" % (_where(node), W.shape, self.acts[x]))
+        wname = self.param(wsrc, W, W.shape)
+        self.emit("gemm", [x, wname, None], node.output[0], {"w_layout": layout}, node, [self.acts[x][0], O])
+
+    def op_Add(self, node, ins):
+        consts = [i for i in ins if i in self.consts]
+        if not consts:
+            a, b = self.act(node, ins[0]), self.act(node, ins[1])
+            if self.acts[a] != self.acts[b]:
+                raise UnsupportedModel("%s: Add with broadcasting (%s + %s) is not supported; only equal shapes "
+                                       "(residual connections)" % (_where(node), self.acts[a], self.acts[b]))
+            self.emit("add", [a, b], node.output[0], {}, node, self.acts[a])
+            return
+        # a constant added to a bias-less layer's output is that layer's bias (MatMul + Add)
+        x = [i for i in ins if i not in self.consts][0]
+        prod = self.producer.get(x)
+        C = self.consts[consts[0]].astype(np.float32)
+        if prod is None or prod.op not in ("gemm", "conv") or prod.inputs[2] is not None or self.uses.get(x, 0) != 1:
+            raise UnsupportedModel("%s: adding a constant is only supported as the bias of the layer just before "
+                                   "(MatMul + Add, Conv + Add)" % _where(node))
+        O = self.values[x].shape[1]
+        if prod.op == "conv" and C.size != O and C.size != 1:
+            raise UnsupportedModel("%s: constant of shape %s is not a per-channel bias" % (_where(node), C.shape))
+        prod.inputs[2] = self.bias_param(node, consts[0], C, O)
+        self.alias[node.output[0]] = x
+
+    # ---- activations and pooling ----
+    def op_Relu(self, node, ins):
+        x = self.act(node, ins[0])
+        self.emit("clip", [x], node.output[0], {"lo": 0.0, "hi": math.inf}, node, self.acts[x])
+
+    def op_Clip(self, node, ins):
+        x = self.act(node, ins[0])
+        lo = float(self.const(node, ins[1], "Clip min").reshape(())) if len(ins) > 1 and ins[1] else -math.inf
+        hi = float(self.const(node, ins[2], "Clip max").reshape(())) if len(ins) > 2 and ins[2] else math.inf
+        if not lo <= hi:
+            raise UnsupportedModel("%s: Clip min %g is above max %g" % (_where(node), lo, hi))
+        self.emit("clip", [x], node.output[0], {"lo": lo, "hi": hi}, node, self.acts[x])
+
+    def pool(self, node, ins, op):
+        x = self.act(node, ins[0])
+        xs = self.acts[x]
+        if len(xs) not in (3, 4):
+            raise UnsupportedModel("%s: only 1-D and 2-D pooling is supported (input %s)" % (_where(node), xs))
+        if len(node.output) > 1 and node.output[1]:
+            raise UnsupportedModel("%s: the Indices output is not supported" % _where(node))
+        a = self.attrs(node)
+        sd = len(xs) - 2
+        k = list(a["kernel_shape"])
+        strides = list(a.get("strides", [1] * sd))
+        dil = list(a.get("dilations", [1] * sd))
+        if a.get("storage_order", 0):
+            raise UnsupportedModel("%s: storage_order=1 is not supported" % _where(node))
+        spatial = list(xs[2:])
+        pads = self.pads(node, a, spatial, k, strides, dil)
+        ceil = bool(a.get("ceil_mode", 0))
+        out_sp = [self.extent(node, spatial[i], pads[i], pads[i + sd], k[i], dil[i], strides[i], ceil)
+                  for i in range(sd)]
+        if sd == 1:
+            k, strides, dil, pads = [1] + k, [1] + strides, [1] + dil, [0, pads[0], 0, pads[1]]
+        attrs = dict(kernel_h=k[0], kernel_w=k[1], stride_h=strides[0], stride_w=strides[1], pad_t=pads[0],
+                     pad_l=pads[1], pad_b=pads[2], pad_r=pads[3], dil_h=dil[0], dil_w=dil[1],
+                     count_include_pad=int(a.get("count_include_pad", 0)) if op == "avgpool" else 0)
+        self.emit(op, [x], node.output[0], attrs, node, [xs[0], xs[1]] + out_sp)
+
+    def op_MaxPool(self, node, ins):
+        self.pool(node, ins, "maxpool")
+
+    def op_AveragePool(self, node, ins):
+        self.pool(node, ins, "avgpool")
+
+    def op_GlobalAveragePool(self, node, ins):
+        x = self.act(node, ins[0])
+        xs = self.acts[x]
+        if len(xs) not in (3, 4):
+            raise UnsupportedModel("%s: input must be 3-D or 4-D, got %s" % (_where(node), xs))
+        self.emit("gap", [x], node.output[0], {}, node, list(xs[:2]) + [1] * (len(xs) - 2))
+
+    # ---- shape-only ops: views of the same memory ----
+    def view(self, node, x, shape):
+        shape = [int(d) for d in shape]
+        if shape[0] != self.acts[x][0] or int(np.prod(shape)) != int(np.prod(self.acts[x])):
+            raise UnsupportedModel("%s: reshaping %s to %s mixes samples of the batch; only reshapes that keep "
+                                   "the batch axis first are supported" % (_where(node), self.acts[x], tuple(shape)))
+        self.add_act(node.output[0], shape, _where(node), view_of=x)
+
+    def op_Flatten(self, node, ins):
+        x = self.act(node, ins[0])
+        xs = self.acts[x]
+        axis = self.attrs(node).get("axis", 1)
+        axis = axis + len(xs) if axis < 0 else axis
+        self.view(node, x, [int(np.prod(xs[:axis])), int(np.prod(xs[axis:]))])
+
+    def op_Reshape(self, node, ins):
+        x = self.act(node, ins[0])
+        target = [int(d) for d in self.const(node, ins[1], "the Reshape shape")]
+        xs = self.acts[x]
+        allowzero = self.attrs(node).get("allowzero", 0)
+        shape = [xs[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
+        if -1 in shape:
+            known = int(np.prod([d for d in shape if d != -1]))
+            shape[shape.index(-1)] = int(np.prod(xs)) // max(known, 1)
+        self.view(node, x, shape)
+
+    def squeeze_axes(self, node, ins, rank):
+        a = self.attrs(node)
+        axes = self.const(node, ins[1], "axes") if len(ins) > 1 and ins[1] else a.get("axes")
+        return None if axes is None else [int(v) + rank if int(v) < 0 else int(v) for v in axes]
+
+    def op_Squeeze(self, node, ins):
+        x = self.act(node, ins[0])
+        xs = list(self.acts[x])
+        axes = self.squeeze_axes(node, ins, len(xs))
+        axes = [i for i, d in enumerate(xs) if d == 1 and i > 0] if axes is None else axes
+        self.view(node, x, [d for i, d in enumerate(xs) if i not in axes])
+
+    def op_Unsqueeze(self, node, ins):
+        x = self.act(node, ins[0])
+        xs = list(self.acts[x])
+        axes = sorted(self.squeeze_axes(node, ins, len(xs) + len(self.squeeze_axes(node, ins, 0) or [])))
+        for ax in axes:
+            xs.insert(ax, 1)
+        self.view(node, x, xs)
+
+    def op_Identity(self, node, ins):
+        self.alias[node.output[0]] = self.act(node, ins[0])
+
+    def op_Dropout(self, node, ins):
+        if len(node.output) > 1 and node.output[1] and self.uses.get(node.output[1]):
+            raise UnsupportedModel("%s: the mask output is not supported" % _where(node))
+        self.alias[node.output[0]] = self.act(node, ins[0])
+
+    # ---- folded ----
+    def op_BatchNormalization(self, node, ins):
+        a = self.attrs(node)
+        if a.get("training_mode", 0):
+            raise UnsupportedModel("%s: training_mode=1 is not supported; export the model in eval mode" % _where(node))
+        x = self.act(node, ins[0])
+        scale, bias, mean, var = (self.const(node, n, w).astype(np.float64) for n, w in
+                                  zip(ins[1:5], ("scale", "bias", "mean", "var")))
+        s = scale / np.sqrt(var + float(a.get("epsilon", 1e-5)))
+        shift = bias - mean * s
+        prod = self.producer.get(x)
+        foldable = (prod is not None and prod.op in ("conv", "gemm") and self.uses.get(x, 0) == 1
+                    and sum(1 for n in self.nodes if prod.inputs[1] in n.inputs) == 1)
+        if foldable:
+            w = self.values[prod.inputs[1]]
+            shape = [-1, 1, 1, 1] if prod.op == "conv" else ([-1, 1] if prod.attrs["w_layout"] == 0 else [1, -1])
+            w.data = (w.data.astype(np.float64) * s.reshape(shape)).astype(np.float32)
+            b = self.values[prod.inputs[2]].data.astype(np.float64) if prod.inputs[2] else 0.0
+            newb = (b * s + shift).astype(np.float32)
+            if prod.inputs[2]:
+                self.values[prod.inputs[2]].data = newb
+            else:
+                prod.inputs[2] = self.param(ins[2], newb, newb.shape)
+            self.alias[node.output[0]] = x
+            self.notes.append("%s folded into '%s'" % (_where(node), prod.onnx_name))
+            return
+        xs = self.acts[x]
+        if len(xs) not in (3, 4):
+            raise UnsupportedModel("%s: a BatchNormalization that does not follow a Conv or Gemm must have a 3-D or "
+                                   "4-D input; got %s" % (_where(node), xs))
+        # a per-channel scale and shift is a 1x1 depthwise convolution
+        C = xs[1]
+        wname = self.param(ins[1], s.astype(np.float32).reshape(C, 1, 1, 1), (C, 1, 1, 1))
+        bname = self.param(ins[2], shift.astype(np.float32), (C,))
+        attrs = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=C)
+        self.emit("conv", [x, wname, bname], node.output[0], attrs, node, xs)
+        self.notes.append("%s became a per-channel scale and shift (1x1 depthwise conv)" % _where(node))
+
+    def output_softmax(self, node, ins):
+        x = self.act(node, ins[0])
+        outs = [o.name for o in self.g.output]
+        if node.output[0] not in outs or node is not self.g.node[-1]:
+            raise UnsupportedModel("%s: Softmax is only supported as the model's final op" % _where(node))
+        xs = self.acts[x]
+        axis = self.attrs(node).get("axis", -1)
+        if axis not in (-1, len(xs) - 1) or len(xs) != 2:
+            raise UnsupportedModel("%s: only a softmax over the last axis of a 2-D output is supported" % _where(node))
+        if self.loss != "cross-entropy":
+            raise UnsupportedModel("%s: a %s at the output is only supported with loss cross-entropy (where it is "
+                                   "fused into the loss); with mse, export the model without it"
+                                   % (_where(node), node.op_type))
+        self.alias[node.output[0]] = x
+        self.dropped = node.op_type
+        self.notes.append("%s at the output dropped: fused into the cross-entropy loss; predict() returns "
+                          "logits" % _where(node))
+
+    op_Softmax = output_softmax
+    op_LogSoftmax = output_softmax
+
+
+def import_onnx(model, loss="cross-entropy"):
+    model, notes = load_model(model)
+    imp = Importer(model, loss)
+    graph = imp.run()
+    graph.notes[:0] = notes
+    return graph

@@ -1,0 +1,257 @@
+"""The .mtp plan file: write it, read it back, report on it.
+
+Every plan, whether just compiled or read from disk, goes through the C core's
+validator before Python looks inside, so Python never trusts bytes the device
+would refuse.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+
+import numpy as np
+
+from . import format as F
+from . import planner
+from .native import Core
+
+OP_NAMES = {op.code: op.name for op in F.OPS}
+PHASE_NAMES = {v: k for k, v in F.PHASES.items()}
+STORAGE_NAMES = {v: k for k, v in F.STORAGES.items()}
+DTYPE_NAMES = {code: name for name, (code, _) in F.DTYPES.items()}
+LOSS_NAMES = {F.LOSSES["CROSS_ENTROPY"]: "cross-entropy", F.LOSSES["MSE"]: "mse"}
+
+
+def _align(n, a=F.ALIGN):
+    return (n + a - 1) // a * a
+
+
+def _roots(tensors):
+    def root(i):
+        while tensors[i].view_of is not None:
+            i = tensors[i].view_of
+        return i
+    return [root(i) for i in range(len(tensors))]
+
+
+def lifetimes(n_tensors, ops, input_ids=()):
+    """(first, last) op index per tensor; -1 where no op touches it. Tensors in
+    input_ids are written before op 0."""
+    first, last = [-1] * n_tensors, [-1] * n_tensors
+    for k, op in enumerate(ops):
+        for s in op:
+            if s is not None and s != F.NO_TENSOR:
+                first[s] = k if first[s] < 0 else first[s]
+                last[s] = k
+    for i in input_ids:
+        first[i] = 0
+        last[i] = max(last[i], 0)
+    return first, last
+
+
+def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
+    """Offsets for arena (planned), state (packed) and constant tensors.
+    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs)."""
+    roots = _roots(tensors)
+    first, last = lifetimes(len(tensors), [o.slots for o in ops], io)
+    group = {}
+    for i, r in enumerate(roots):
+        if tensors[r].storage == "ARENA":
+            f, l = group.get(r, (10 ** 9, -1))
+            if first[i] >= 0:
+                group[r] = (min(f, first[i]), max(l, last[i]))
+            else:
+                group.setdefault(r, (f, l))
+    ids = sorted(group)
+    bufs = [planner.Buffer(tensors[r].nbytes, max(0, min(group[r][0], group[r][1])), max(0, group[r][1])) for r in ids]
+    offsets = planner.plan(bufs, align=F.ALIGN, strategy=strategy, gap=gap)
+    arena = planner.arena_size(bufs, offsets, align=F.ALIGN, gap=gap)
+    for r, off in zip(ids, offsets):
+        tensors[r].offset = off
+    state = 0
+    blobs = []   # (data offset, bytes)
+    data = 0
+    for t in tensors:
+        if t.view_of is None and t.storage == "STATE":
+            t.offset = state
+            state += _align(t.nbytes)
+        if t.view_of is None and t.data is not None:
+            t.data_offset = data
+            blobs.append((data, np.ascontiguousarray(t.data, np.float32).tobytes()))
+            data += _align(t.nbytes)
+    for i, t in enumerate(tensors):
+        if t.view_of is not None:
+            root = tensors[roots[i]]
+            t.storage, t.offset = root.storage, root.offset
+    return arena, state, planner.naive_size(bufs, F.ALIGN), planner.peak_live_bytes(bufs, F.ALIGN), blobs, data
+
+
+def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss, batch, lr, momentum,
+               weight_decay, macs, meta):
+    """Serialize to bytes (format.py layout)."""
+    names = bytearray()
+    name_off = []
+    for t in tensors:
+        name_off.append(len(names))
+        names += t.name.encode() + b"\0"
+    trec = bytearray()
+    const_bytes = 0
+    for i, t in enumerate(tensors):
+        dims = list(t.shape) + [1] * (F.MAX_DIMS - len(t.shape))
+        flags = t.flags
+        is_param = bool(flags & F.TFLAGS["PARAM"])
+        if t.storage == "CONST":
+            offset = t.data_offset if t.view_of is None else tensors[t.view_of].data_offset
+            const_bytes += t.nbytes if t.view_of is None else 0
+        else:
+            offset = t.offset
+        init = t.data_offset if is_param else F.NO_NAME
+        trec += F.TENSOR_STRUCT.pack(F.dtype_code(t.dtype), F.STORAGES[t.storage], len(t.shape), flags, offset,
+                                     t.nbytes, *dims, name_off[i], init, 0xFFFF, 0)
+    orec = bytearray()
+    for op in ops:
+        spec = op.spec
+        slots = [F.NO_TENSOR if s is None else s for s in op.slots]
+        rec = struct.pack("<BBBB", spec.code, F.PHASES[op.phase], len(slots), len(op.attrs))
+        rec += struct.pack("<%dH" % len(slots), *slots)
+        rec += b"\0" * (-len(rec) % 4)
+        rec += struct.pack("<%di" % len(op.attrs), *op.attrs)
+        orec += rec
+    meta_b = json.dumps(meta, separators=(",", ":")).encode()
+    sections = {}
+    pos = F.HEADER_BYTES
+    for key, blob in (("tensors", trec), ("ops", orec), ("names", names), ("meta", meta_b)):
+        pos = _align(pos)
+        sections[key] = (pos, blob)
+        pos += len(blob)
+    data_off = _align(pos)
+    total = data_off + data_size
+    out = bytearray(total)
+    for off, blob in sections.values():
+        out[off:off + len(blob)] = blob
+    for off, blob in blobs:
+        out[data_off + off:data_off + off + len(blob)] = blob
+    fields = dict(
+        magic=F.MAGIC, version=F.VERSION, header_bytes=F.HEADER_BYTES, file_bytes=total, crc32=0, flags=0,
+        n_tensors=len(tensors), n_ops=len(ops),
+        tensors_off=sections["tensors"][0], ops_off=sections["ops"][0], ops_bytes=len(orec),
+        data_off=data_off, data_bytes=data_size, names_off=sections["names"][0], names_bytes=len(names),
+        meta_off=sections["meta"][0], meta_bytes=len(meta_b),
+        arena_bytes=arena, state_bytes=state, naive_bytes=naive, const_bytes=const_bytes,
+        macs_lo=macs & 0xFFFFFFFF, macs_hi=macs >> 32,
+        input_tensor=io[0], target_tensor=io[1], output_tensor=io[2],
+        loss=F.LOSSES["CROSS_ENTROPY" if loss == "cross-entropy" else "MSE"], reserved0=0, batch=batch,
+        reserved1=0, lr=lr, momentum=momentum, weight_decay=weight_decay, reserved2=b"\0" * 28)
+    if len(tensors) > 0xFFFE or len(ops) > 0xFFFF:
+        raise ValueError("model too large for plan format %d: %d tensors, %d ops" % (F.VERSION, len(tensors), len(ops)))
+    out[:F.HEADER_BYTES] = F.HEADER_STRUCT.pack(*[fields[n] for n, _ in F.HEADER_FIELDS])
+    crc = zlib.crc32(bytes(out[F.CRC_START:]))
+    out[F.header_offsets()["crc32"]:F.header_offsets()["crc32"] + 4] = struct.pack("<I", crc)
+    return bytes(out)
+
+
+class Plan:
+    """A validated plan. Build with microtrain.compile() or load_plan()."""
+
+    def __init__(self, data: bytes):
+        Core(data)            # the C validator decides; raises PlanError (ValueError)
+        self.data = bytes(data)
+        h = F.HEADER_STRUCT.unpack_from(self.data, 0)
+        self.header = {name: v for (name, _), v in zip(F.HEADER_FIELDS, h)}
+        self.tensors = []
+        hd = self.header
+        for i in range(hd["n_tensors"]):
+            rec = F.TENSOR_STRUCT.unpack_from(self.data, hd["tensors_off"] + i * F.TENSOR_BYTES)
+            r = {name: v for (name, _), v in zip(F.TENSOR_FIELDS, rec)}
+            end = self.data.index(b"\0", hd["names_off"] + r["name"])
+            self.tensors.append(dict(
+                name=self.data[hd["names_off"] + r["name"]:end].decode(), dtype=DTYPE_NAMES[r["dtype"]],
+                storage=STORAGE_NAMES[r["storage"]], flags=r["flags"],
+                shape=tuple([r["dim0"], r["dim1"], r["dim2"], r["dim3"]][:r["ndim"]]),
+                offset=r["offset"], bytes=r["bytes"], init=r["init"]))
+        self.ops = []
+        pos = hd["ops_off"]
+        for _ in range(hd["n_ops"]):
+            code, phase, nt, na = struct.unpack_from("<BBBB", self.data, pos)
+            slots = struct.unpack_from("<%dH" % nt, self.data, pos + 4)
+            tb = (2 * nt + 3) & ~3
+            attrs = struct.unpack_from("<%di" % na, self.data, pos + 4 + tb)
+            self.ops.append(dict(op=OP_NAMES[code], phase=PHASE_NAMES[phase],
+                                 slots=[None if s == F.NO_TENSOR else s for s in slots], attrs=list(attrs)))
+            pos += 4 + tb + 4 * na
+        m0 = hd["meta_off"]
+        self.meta = json.loads(self.data[m0:m0 + hd["meta_bytes"]] or b"{}")
+
+    # ---- public ----
+    def save(self, path):
+        tmp = "%s.tmp" % path
+        with open(tmp, "wb") as f:   # write then rename: a crash never leaves half a plan
+            f.write(self.data)
+        os.replace(tmp, path)
+
+    @property
+    def loss(self):
+        return LOSS_NAMES[self.header["loss"]]
+
+    def tensor_index(self, name):
+        for i, t in enumerate(self.tensors):
+            if t["name"] == name:
+                return i
+        raise KeyError("no tensor named %r in the plan" % name)
+
+    def params(self):
+        """Names of the trainable parameters, in plan order."""
+        return [t["name"] for t in self.tensors if t["flags"] & F.TFLAGS["PARAM"]]
+
+    def report(self):
+        hd = self.header
+        inputs = [hd["input_tensor"], hd["target_tensor"]]
+        first, last = lifetimes(len(self.tensors), [o["slots"] for o in self.ops], inputs)
+        arena_ids = [i for i, t in enumerate(self.tensors) if t["storage"] == "ARENA"]
+        # a lower bound: the largest set of distinct arena buffers live at one op
+        spans = {}
+        for i in arena_ids:
+            key = (self.tensors[i]["offset"], self.tensors[i]["bytes"])
+            if first[i] >= 0:
+                f, l = spans.get(key, (first[i], last[i]))
+                spans[key] = (min(f, first[i]), max(l, last[i]))
+        peak = planner.peak_live_bytes([planner.Buffer(b, f, l) for (o, b), (f, l) in spans.items()], F.ALIGN)
+        phases = {}
+        for o in self.ops:
+            phases[o["phase"].lower()] = phases.get(o["phase"].lower(), 0) + 1
+        macs = hd["macs_lo"] | (hd["macs_hi"] << 32)
+        return {
+            "plan_bytes": len(self.data),
+            "arena_bytes": hd["arena_bytes"],
+            "naive_bytes": hd["naive_bytes"],
+            "peak_live_bytes": peak,
+            "param_bytes": hd["state_bytes"],
+            "ram_bytes": hd["arena_bytes"] + hd["state_bytes"],
+            "const_bytes": hd["const_bytes"],
+            "macs_per_step": macs,
+            "ops": hd["n_ops"],
+            "ops_by_phase": phases,
+            "loss": self.loss,
+            "batch": hd["batch"],
+            "lr": hd["lr"],
+            "momentum": hd["momentum"],
+            "weight_decay": hd["weight_decay"],
+            "update": self.meta.get("update"),
+            "trainable": self.params(),
+            "notes": self.meta.get("notes", []),
+            "tensors": [dict(name=t["name"], storage=t["storage"].lower(), dtype=t["dtype"].lower(),
+                             shape=list(t["shape"]), bytes=t["bytes"], offset=t["offset"],
+                             first=first[i], last=last[i]) for i, t in enumerate(self.tensors)],
+        }
+
+
+def load_plan(path):
+    """Read and validate a plan file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError("cannot read plan %s: %s" % (path, e.strerror)) from e
+    return Plan(data)

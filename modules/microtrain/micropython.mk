@@ -1,0 +1,36 @@
+# microtrain as a MicroPython user C module (make-based ports: unix, qemu, stm32, rp2 via make...).
+#   make -C <micropython>/ports/unix USER_C_MODULES=<repo>/modules
+# MicroPython includes this file once per build with USERMOD_DIR set to this directory.
+
+MICROTRAIN_MOD_DIR := $(USERMOD_DIR)
+
+# The binding registers the module and is scanned for qstrs.
+SRC_USERMOD_C += $(MICROTRAIN_MOD_DIR)/modmicrotrain.c
+
+# The portable core: every mt_*.c here, so new core files are picked up. They
+# use no qstrs, so they go in the library list (not scanned).
+MICROTRAIN_CORE_SRC := $(sort $(wildcard $(MICROTRAIN_MOD_DIR)/mt_*.c))
+SRC_USERMOD_LIB_C += $(MICROTRAIN_CORE_SRC)
+
+CFLAGS_USERMOD += -I$(MICROTRAIN_MOD_DIR)
+
+# The core calls expf and logf. Bare-metal ports (qemu, stm32, ...) link
+# MicroPython's own libm, and with MICROPY_FLOAT_IMPL=double (qemu MPS2_AN500,
+# double-FPU stm32 boards) that is lib/libm_dbl, which has no float functions.
+# Add the single-precision lib/libm/math.c then, compiled as float ports compile
+# it; --gc-sections keeps only what the core uses. (Hosted ports such as unix
+# link the C library's libm and do not set MICROPY_FLOAT_IMPL in make.)
+ifeq ($(MICROPY_FLOAT_IMPL),double)
+SRC_USERMOD_LIB_C += lib/libm/math.c
+$(BUILD)/lib/libm/math.o: private CFLAGS += -fsingle-precision-constant
+endif
+
+# The core is C99: compile it with -std=c99 (after the port's -std=gnu99, so it
+# wins), keeping the port's warning flags. `private` stops the flag reaching
+# prerequisites that make builds on these objects' behalf. Object paths follow
+# py/py.mk: $(BUILD)/<path below USER_C_MODULES>.o.
+MICROTRAIN_CORE_OBJ := $(addprefix $(BUILD)/,$(patsubst $(USER_C_MODULES)/%.c,%.o,$(MICROTRAIN_CORE_SRC)))
+MICROTRAIN_CORE_CFLAGS ?= -std=c99
+ifneq ($(MICROTRAIN_CORE_OBJ),)
+$(MICROTRAIN_CORE_OBJ): private CFLAGS += $(MICROTRAIN_CORE_CFLAGS)
+endif

@@ -1,0 +1,522 @@
+/* microtrain core: load a plan, validate every field once, attach RAM.
+ *
+ * After mt_load succeeds, every tensor lies inside its region, every op has the
+ * slots, dtypes, shapes and attributes its kernel assumes, and no op writes over
+ * a tensor it reads unless the format allows that pair in place. The kernels
+ * rely on this and check nothing themselves.
+ */
+#include <string.h>
+#include "mt.h"
+
+static const mt_opspec_t mt_opspecs[MT_OP_MAX + 1] = MT_OPSPECS_INIT;
+
+#define FAIL(code, op, tensor) do { ctx->err_op = (op); ctx->err_tensor = (tensor); return (code); } while (0)
+
+static int is_finite_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x7F800000u) != 0x7F800000u;
+}
+
+static float rd_f32(const uint8_t *p) {
+    return mt_f32_from_bits((int32_t)mt_rd_u32(p));
+}
+
+/* A section [off, off+bytes) must lie after the header, inside the file, aligned. */
+static int section_ok(uint32_t off, uint32_t bytes, uint32_t file_bytes) {
+    return off >= MT_HEADER_BYTES && off % MT_ALIGN == 0 && off <= file_bytes && bytes <= file_bytes - off;
+}
+
+void mt_tensor_decode(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t) {
+    memset(t, 0, sizeof *t);
+    if (tid == MT_NO_TENSOR) {
+        return;
+    }
+    const uint8_t *r = ctx->tensors + (uint32_t)tid * MT_TENSOR_BYTES;
+    t->dtype = r[MT_T_DTYPE];
+    t->storage = r[MT_T_STORAGE];
+    t->ndim = r[MT_T_NDIM];
+    t->flags = r[MT_T_FLAGS];
+    t->n = 1;
+    for (int d = 0; d < MT_MAX_DIMS; d++) {
+        t->dim[d] = mt_rd_u32(r + MT_T_DIM0 + 4 * d);
+        t->n *= t->dim[d];
+    }
+    uint32_t off = mt_rd_u32(r + MT_T_OFFSET);
+    if (t->storage == MT_STORAGE_CONST) {
+        t->data = (void *)(uintptr_t)(ctx->data + off);
+    } else if (ctx->ram != NULL) {
+        t->data = ctx->ram + (t->storage == MT_STORAGE_STATE ? 0 : ctx->state_bytes) + off;
+    }
+}
+
+/* Decode the op record at byte position pos of the op section. Checks only what
+ * is needed to read the record safely; mt_load checks the rest. */
+int mt_decode_at(const mt_ctx_t *ctx, uint32_t pos, mt_op_t *op, uint32_t *next) {
+    if (pos > ctx->ops_bytes || ctx->ops_bytes - pos < MT_OP_HEAD_BYTES) {
+        return MT_E_OP;
+    }
+    const uint8_t *p = ctx->ops + pos;
+    op->code = p[0];
+    op->phase = p[1];
+    op->n_t = p[2];
+    op->n_a = p[3];
+    if (op->n_t > MT_MAX_SLOTS || op->n_a > MT_MAX_ATTRS) {
+        return MT_E_OP;
+    }
+    uint32_t t_bytes = (2u * op->n_t + 3u) & ~3u;
+    uint32_t rec = MT_OP_HEAD_BYTES + t_bytes + 4u * op->n_a;
+    if (ctx->ops_bytes - pos < rec) {
+        return MT_E_OP;
+    }
+    for (int i = 0; i < op->n_t; i++) {
+        op->tid[i] = mt_rd_u16(p + MT_OP_HEAD_BYTES + 2 * i);
+    }
+    for (int i = 0; i < op->n_a; i++) {
+        op->a[i] = (int32_t)mt_rd_u32(p + MT_OP_HEAD_BYTES + t_bytes + 4 * i);
+    }
+    *next = pos + rec;
+    return MT_OK;
+}
+
+static void resolve(const mt_ctx_t *ctx, mt_op_t *op) {
+    for (int i = 0; i < op->n_t; i++) {
+        mt_tensor_decode(ctx, op->tid[i], &op->t[i]);
+    }
+}
+
+static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
+    if (len < MT_HEADER_BYTES) {
+        FAIL(MT_E_TRUNCATED, -1, -1);
+    }
+    if (memcmp(p + MT_H_MAGIC, MT_MAGIC, 4) != 0) {
+        FAIL(MT_E_MAGIC, -1, -1);
+    }
+    if (mt_rd_u16(p + MT_H_VERSION) != MT_VERSION) {
+        FAIL(MT_E_VERSION, -1, -1);
+    }
+    uint32_t file_bytes = mt_rd_u32(p + MT_H_FILE_BYTES);
+    if (mt_rd_u16(p + MT_H_HEADER_BYTES) != MT_HEADER_BYTES || file_bytes < MT_HEADER_BYTES) {
+        FAIL(MT_E_HEADER, -1, -1);
+    }
+    if (len < file_bytes) {
+        FAIL(MT_E_TRUNCATED, -1, -1);
+    }
+    if (len > file_bytes) {
+        FAIL(MT_E_OVERSIZE, -1, -1);
+    }
+    if (mt_crc32(p + MT_CRC_START, file_bytes - MT_CRC_START) != mt_rd_u32(p + MT_H_CRC32)) {
+        FAIL(MT_E_CRC, -1, -1);
+    }
+    if (mt_rd_u32(p + MT_H_FLAGS) != 0 || p[MT_H_RESERVED0] != 0 || mt_rd_u16(p + MT_H_RESERVED1) != 0) {
+        FAIL(MT_E_HEADER, -1, -1);
+    }
+    for (uint32_t i = MT_H_RESERVED2; i < MT_HEADER_BYTES; i++) {
+        if (p[i] != 0) {
+            FAIL(MT_E_HEADER, -1, -1);
+        }
+    }
+    ctx->plan = p;
+    ctx->plan_bytes = file_bytes;
+    ctx->n_tensors = mt_rd_u16(p + MT_H_N_TENSORS);
+    ctx->n_ops = mt_rd_u16(p + MT_H_N_OPS);
+    uint32_t t_off = mt_rd_u32(p + MT_H_TENSORS_OFF);
+    uint32_t o_off = mt_rd_u32(p + MT_H_OPS_OFF);
+    uint32_t d_off = mt_rd_u32(p + MT_H_DATA_OFF);
+    uint32_t n_off = mt_rd_u32(p + MT_H_NAMES_OFF);
+    uint32_t m_off = mt_rd_u32(p + MT_H_META_OFF);
+    ctx->ops_bytes = mt_rd_u32(p + MT_H_OPS_BYTES);
+    ctx->data_bytes = mt_rd_u32(p + MT_H_DATA_BYTES);
+    ctx->names_bytes = mt_rd_u32(p + MT_H_NAMES_BYTES);
+    if (!section_ok(t_off, ctx->n_tensors * (uint32_t)MT_TENSOR_BYTES, file_bytes)
+        || !section_ok(o_off, ctx->ops_bytes, file_bytes)
+        || !section_ok(d_off, ctx->data_bytes, file_bytes)
+        || !section_ok(n_off, ctx->names_bytes, file_bytes)
+        || !section_ok(m_off, mt_rd_u32(p + MT_H_META_BYTES), file_bytes)) {
+        FAIL(MT_E_SECTION, -1, -1);
+    }
+    ctx->tensors = p + t_off;
+    ctx->ops = p + o_off;
+    ctx->data = p + d_off;
+    ctx->names = p + n_off;
+    if (ctx->names_bytes > 0 && ctx->names[ctx->names_bytes - 1] != 0) {
+        FAIL(MT_E_NAME, -1, -1);
+    }
+    ctx->arena_bytes = mt_rd_u32(p + MT_H_ARENA_BYTES);
+    ctx->state_bytes = mt_rd_u32(p + MT_H_STATE_BYTES);
+    ctx->naive_bytes = mt_rd_u32(p + MT_H_NAIVE_BYTES);
+    ctx->const_bytes = mt_rd_u32(p + MT_H_CONST_BYTES);
+    ctx->macs = (uint64_t)mt_rd_u32(p + MT_H_MACS_LO) | ((uint64_t)mt_rd_u32(p + MT_H_MACS_HI) << 32);
+    if (ctx->arena_bytes % MT_ALIGN != 0 || ctx->state_bytes % MT_ALIGN != 0
+        || (uint64_t)ctx->arena_bytes + ctx->state_bytes > 0x7FFFFFF8u || ctx->const_bytes > ctx->data_bytes) {
+        FAIL(MT_E_HEADER, -1, -1);
+    }
+    ctx->input = mt_rd_u16(p + MT_H_INPUT_TENSOR);
+    ctx->target = mt_rd_u16(p + MT_H_TARGET_TENSOR);
+    ctx->output = mt_rd_u16(p + MT_H_OUTPUT_TENSOR);
+    ctx->loss_kind = p[MT_H_LOSS];
+    ctx->batch = mt_rd_u16(p + MT_H_BATCH);
+    ctx->lr = rd_f32(p + MT_H_LR);
+    ctx->momentum = rd_f32(p + MT_H_MOMENTUM);
+    ctx->weight_decay = rd_f32(p + MT_H_WEIGHT_DECAY);
+    if (ctx->loss_kind != MT_LOSS_CROSS_ENTROPY && ctx->loss_kind != MT_LOSS_MSE) {
+        FAIL(MT_E_HEADER, -1, -1);
+    }
+    if (ctx->batch < 1 || !is_finite_f32(ctx->lr) || !is_finite_f32(ctx->momentum)
+        || !is_finite_f32(ctx->weight_decay) || ctx->lr < 0.0f || ctx->momentum < 0.0f
+        || ctx->momentum >= 1.0f || ctx->weight_decay < 0.0f) {
+        FAIL(MT_E_OPTIM, -1, -1);
+    }
+    return MT_OK;
+}
+
+static int validate_tensor(mt_ctx_t *ctx, uint32_t i) {
+    const uint8_t *r = ctx->tensors + i * MT_TENSOR_BYTES;
+    uint8_t dtype = r[MT_T_DTYPE], storage = r[MT_T_STORAGE], ndim = r[MT_T_NDIM], flags = r[MT_T_FLAGS];
+    uint32_t size;
+    switch (dtype) {
+        case MT_DTYPE_F32: size = MT_DTYPE_F32_SIZE; break;
+        case MT_DTYPE_I32: size = MT_DTYPE_I32_SIZE; break;
+        case MT_DTYPE_I8: size = MT_DTYPE_I8_SIZE; break;
+        case MT_DTYPE_U8: size = MT_DTYPE_U8_SIZE; break;
+        default: FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    }
+    if (ndim < 1 || ndim > MT_MAX_DIMS) {
+        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    }
+    uint64_t n = 1;
+    for (int d = 0; d < MT_MAX_DIMS; d++) {
+        uint32_t dim = mt_rd_u32(r + MT_T_DIM0 + 4 * d);
+        if (dim < 1 || (d >= ndim && dim != 1)) {
+            FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        }
+        n *= dim;
+        if (n > 0x10000000u) {   /* 2^28 elements: keeps every index computation in int32 */
+            FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        }
+    }
+    uint32_t bytes = mt_rd_u32(r + MT_T_BYTES), off = mt_rd_u32(r + MT_T_OFFSET);
+    uint32_t init = mt_rd_u32(r + MT_T_INIT), name = mt_rd_u32(r + MT_T_NAME);
+    if ((uint64_t)bytes != n * size || off % 4 != 0) {
+        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    }
+    uint32_t region;
+    switch (storage) {
+        case MT_STORAGE_ARENA: region = ctx->arena_bytes; break;
+        case MT_STORAGE_STATE: region = ctx->state_bytes; break;
+        case MT_STORAGE_CONST: region = ctx->data_bytes; break;
+        default: FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    }
+    if (off > region || bytes > region - off) {
+        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    }
+    const uint8_t known = MT_TFLAG_PARAM | MT_TFLAG_MOMENTUM | MT_TFLAG_GRAD_ACC | MT_TFLAG_INPUT
+        | MT_TFLAG_TARGET | MT_TFLAG_OUTPUT;
+    const uint8_t state_kinds = MT_TFLAG_PARAM | MT_TFLAG_MOMENTUM | MT_TFLAG_GRAD_ACC;
+    uint8_t kind = flags & state_kinds;
+    if ((flags & ~known) != 0 || (kind != 0 && kind != MT_TFLAG_PARAM && kind != MT_TFLAG_MOMENTUM
+                                  && kind != MT_TFLAG_GRAD_ACC)
+        || ((storage == MT_STORAGE_STATE) != (kind != 0)) || (kind != 0 && dtype != MT_DTYPE_F32)) {
+        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    }
+    if (kind == MT_TFLAG_PARAM) {
+        if (init % 4 != 0 || init > ctx->data_bytes || bytes > ctx->data_bytes - init) {
+            FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        }
+    } else if (init != MT_NO_NAME) {
+        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    }
+    if (name != MT_NO_NAME && name >= ctx->names_bytes) {
+        FAIL(MT_E_NAME, -1, (int32_t)i);
+    }
+    if (mt_rd_u16(r + MT_T_QUANT) != 0xFFFF || mt_rd_u16(r + MT_T_RESERVED) != 0) {
+        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    }
+    return MT_OK;
+}
+
+/* Persistent tensors must not share memory: each is a distinct parameter or buffer. */
+static int validate_state_disjoint(mt_ctx_t *ctx) {
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        const uint8_t *a = ctx->tensors + i * MT_TENSOR_BYTES;
+        if (a[MT_T_STORAGE] != MT_STORAGE_STATE) {
+            continue;
+        }
+        uint32_t a0 = mt_rd_u32(a + MT_T_OFFSET), a1 = a0 + mt_rd_u32(a + MT_T_BYTES);
+        for (uint32_t j = i + 1; j < ctx->n_tensors; j++) {
+            const uint8_t *b = ctx->tensors + j * MT_TENSOR_BYTES;
+            if (b[MT_T_STORAGE] != MT_STORAGE_STATE) {
+                continue;
+            }
+            uint32_t b0 = mt_rd_u32(b + MT_T_OFFSET), b1 = b0 + mt_rd_u32(b + MT_T_BYTES);
+            if (a0 < b1 && b0 < a1) {
+                FAIL(MT_E_ALIAS, -1, (int32_t)j);
+            }
+        }
+    }
+    return MT_OK;
+}
+
+/* The tensors named in the header: an F32 arena input, the target, the output. */
+static int validate_io(mt_ctx_t *ctx) {
+    if (ctx->input >= ctx->n_tensors || ctx->output >= ctx->n_tensors || ctx->target >= ctx->n_tensors) {
+        FAIL(MT_E_HEADER, -1, -1);
+    }
+    mt_tensor_t x, y, t;
+    mt_tensor_decode(ctx, ctx->input, &x);
+    mt_tensor_decode(ctx, ctx->output, &y);
+    mt_tensor_decode(ctx, ctx->target, &t);
+    if (x.storage != MT_STORAGE_ARENA || x.dtype != MT_DTYPE_F32 || !(x.flags & MT_TFLAG_INPUT)) {
+        FAIL(MT_E_TENSOR, -1, ctx->input);
+    }
+    if (y.storage != MT_STORAGE_ARENA || y.dtype != MT_DTYPE_F32 || !(y.flags & MT_TFLAG_OUTPUT)) {
+        FAIL(MT_E_TENSOR, -1, ctx->output);
+    }
+    int label = ctx->loss_kind == MT_LOSS_CROSS_ENTROPY;
+    if (t.storage != MT_STORAGE_ARENA || !(t.flags & MT_TFLAG_TARGET)
+        || t.dtype != (label ? MT_DTYPE_I32 : MT_DTYPE_F32) || t.n != (label ? 1u : y.n)) {
+        FAIL(MT_E_TENSOR, -1, ctx->target);
+    }
+    return MT_OK;
+}
+
+/* Memory range of a tensor as (storage, begin, end) for overlap tests. */
+static void tensor_range(const mt_ctx_t *ctx, uint16_t tid, uint8_t *storage, uint32_t *b, uint32_t *e) {
+    const uint8_t *r = ctx->tensors + (uint32_t)tid * MT_TENSOR_BYTES;
+    *storage = r[MT_T_STORAGE];
+    *b = mt_rd_u32(r + MT_T_OFFSET);
+    *e = *b + mt_rd_u32(r + MT_T_BYTES);
+}
+
+static int inplace_allowed(const mt_opspec_t *spec, int out, int in) {
+    return (spec->inplace[0] == out && spec->inplace[1] == in) || (spec->inplace[2] == out && spec->inplace[3] == in);
+}
+
+static int validate_op(mt_ctx_t *ctx, uint32_t index, mt_op_t *op) {
+    int32_t oi = (int32_t)index;
+    if (op->code < 1 || op->code > MT_OP_MAX || mt_opspecs[op->code].n_slots == 0) {
+        FAIL(MT_E_OPCODE, oi, -1);
+    }
+    const mt_opspec_t *spec = &mt_opspecs[op->code];
+    if (op->n_t != spec->n_slots || op->n_a != spec->n_attrs || op->phase > MT_PHASE_BATCH_END) {
+        FAIL(MT_E_OP, oi, -1);
+    }
+    for (int s = 0; s < op->n_t; s++) {
+        uint8_t slot = spec->slot[s];
+        uint16_t tid = op->tid[s];
+        if (tid == MT_NO_TENSOR) {
+            if (!MT_SLOT_OPTIONAL(slot)) {
+                FAIL(MT_E_OP, oi, -1);
+            }
+            continue;
+        }
+        const mt_tensor_t *t = &op->t[s];
+        if (t->dtype != MT_SLOT_DTYPE(slot)) {
+            FAIL(MT_E_OP, oi, tid);
+        }
+        switch (MT_SLOT_ROLE(slot)) {
+            case MT_ROLE_OUT:
+                if (t->storage != MT_STORAGE_ARENA) {
+                    FAIL(MT_E_OP, oi, tid);
+                }
+                break;
+            case MT_ROLE_PARAM:
+                if (!(t->flags & MT_TFLAG_PARAM)) {
+                    FAIL(MT_E_OP, oi, tid);
+                }
+                break;
+            case MT_ROLE_STATE:
+                if (!(t->flags & (MT_TFLAG_MOMENTUM | MT_TFLAG_GRAD_ACC))) {
+                    FAIL(MT_E_OP, oi, tid);
+                }
+                break;
+            default:
+                break;
+        }
+        /* forward ops compute values; only training ops may touch persistent state */
+        if (MT_SLOT_ROLE(slot) != MT_ROLE_IN && op->phase == MT_PHASE_FORWARD && t->storage != MT_STORAGE_ARENA) {
+            FAIL(MT_E_PHASE, oi, tid);
+        }
+    }
+    /* anything an op writes must not overlap anything else it touches, except allowed in-place pairs */
+    for (int w = 0; w < op->n_t; w++) {
+        if (MT_SLOT_ROLE(spec->slot[w]) == MT_ROLE_IN || op->tid[w] == MT_NO_TENSOR) {
+            continue;
+        }
+        uint8_t sw, so;
+        uint32_t bw, ew, bo, eo;
+        tensor_range(ctx, op->tid[w], &sw, &bw, &ew);
+        for (int o = 0; o < op->n_t; o++) {
+            if (o == w || op->tid[o] == MT_NO_TENSOR) {
+                continue;
+            }
+            tensor_range(ctx, op->tid[o], &so, &bo, &eo);
+            if (so != sw || eo <= bw || ew <= bo) {
+                continue;
+            }
+            if (bo == bw && eo == ew && (inplace_allowed(spec, w, o) || inplace_allowed(spec, o, w))) {
+                continue;
+            }
+            FAIL(MT_E_ALIAS, oi, op->tid[o]);
+        }
+    }
+    int err = mt_op_check(ctx, op);
+    if (err != MT_OK) {
+        FAIL(err, oi, -1);
+    }
+    return MT_OK;
+}
+
+static int is_loss(uint8_t code) {
+    return code == MT_OP_SOFTMAX_CE || code == MT_OP_MSE;
+}
+
+static int validate_ops(mt_ctx_t *ctx) {
+    uint32_t pos = 0;
+    uint8_t phase = MT_PHASE_FORWARD;
+    uint32_t n_loss = 0;
+    for (uint32_t i = 0; i < ctx->n_ops; i++) {
+        mt_op_t op;
+        uint32_t next;
+        if (mt_decode_at(ctx, pos, &op, &next) != MT_OK) {
+            FAIL(MT_E_OP, (int32_t)i, -1);
+        }
+        for (int s = 0; s < op.n_t; s++) {
+            if (op.tid[s] != MT_NO_TENSOR && op.tid[s] >= ctx->n_tensors) {
+                FAIL(MT_E_OP, (int32_t)i, op.tid[s]);
+            }
+        }
+        resolve(ctx, &op);
+        int err = validate_op(ctx, i, &op);
+        if (err != MT_OK) {
+            return err;
+        }
+        /* phases never go back, and the loss is the first training op, so a step
+         * that fails at the loss has changed no parameter */
+        if (op.phase < phase || (op.phase == MT_PHASE_TRAIN && phase == MT_PHASE_FORWARD && !is_loss(op.code))
+            || (is_loss(op.code) && (op.phase != MT_PHASE_TRAIN || phase != MT_PHASE_FORWARD))
+            || ((op.code == MT_OP_SGD) != (op.phase == MT_PHASE_BATCH_END))) {
+            FAIL(MT_E_PHASE, (int32_t)i, -1);
+        }
+        if (is_loss(op.code)) {
+            n_loss++;
+            if ((op.code == MT_OP_SOFTMAX_CE) != (ctx->loss_kind == MT_LOSS_CROSS_ENTROPY)
+                || op.tid[0] != ctx->output || op.tid[1] != ctx->target) {
+                FAIL(MT_E_OP, (int32_t)i, -1);
+            }
+        }
+        phase = op.phase;
+        ctx->n_train_ops += op.phase != MT_PHASE_FORWARD;
+        pos = next;
+    }
+    if (pos != ctx->ops_bytes || n_loss > 1) {
+        FAIL(MT_E_OP, -1, -1);
+    }
+    return MT_OK;
+}
+
+int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
+    memset(ctx, 0, sizeof *ctx);
+    ctx->err_op = -1;
+    ctx->err_tensor = -1;
+    if (plan == NULL || ((uintptr_t)plan & 3u) != 0) {
+        FAIL(MT_E_ALIGN, -1, -1);
+    }
+    int err = validate_header(ctx, (const uint8_t *)plan, plan_bytes);
+    for (uint32_t i = 0; err == MT_OK && i < ctx->n_tensors; i++) {
+        err = validate_tensor(ctx, i);
+    }
+    if (err == MT_OK) {
+        err = validate_state_disjoint(ctx);
+    }
+    if (err == MT_OK) {
+        err = validate_io(ctx);
+    }
+    if (err == MT_OK) {
+        err = validate_ops(ctx);
+    }
+    if (err != MT_OK) {
+        ctx->plan = NULL;   /* a half-loaded context must not be usable */
+        ctx->n_ops = 0;
+    }
+    return err;
+}
+
+uint32_t mt_ram_bytes(const mt_ctx_t *ctx) {
+    return ctx->state_bytes + ctx->arena_bytes;
+}
+
+int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
+    if (ctx->plan == NULL) {
+        return MT_E_DETACHED;
+    }
+    if (ram == NULL || ((uintptr_t)ram & 3u) != 0) {
+        return MT_E_ALIGN;
+    }
+    if (ram_bytes < mt_ram_bytes(ctx)) {
+        return MT_E_RAM;
+    }
+    ctx->ram = (uint8_t *)ram;
+    return mt_reset(ctx);
+}
+
+/* Parameters back to the plan's initial values, optimizer state to zero. */
+int mt_reset(mt_ctx_t *ctx) {
+    if (ctx->plan == NULL || ctx->ram == NULL) {
+        return MT_E_DETACHED;
+    }
+    memset(ctx->ram, 0, ctx->state_bytes);
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        const uint8_t *r = ctx->tensors + i * MT_TENSOR_BYTES;
+        if (r[MT_T_FLAGS] & MT_TFLAG_PARAM) {
+            memcpy(ctx->ram + mt_rd_u32(r + MT_T_OFFSET), ctx->data + mt_rd_u32(r + MT_T_INIT),
+                mt_rd_u32(r + MT_T_BYTES));
+        }
+    }
+    ctx->steps = 0;
+    ctx->updates = 0;
+    ctx->loss = 0.0f;
+    return MT_OK;
+}
+
+int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info) {
+    if (ctx->plan == NULL) {
+        return MT_E_DETACHED;
+    }
+    if (index >= ctx->n_tensors) {
+        return MT_E_INDEX;
+    }
+    mt_tensor_t t;
+    mt_tensor_decode(ctx, (uint16_t)index, &t);
+    const uint8_t *r = ctx->tensors + index * MT_TENSOR_BYTES;
+    uint32_t name = mt_rd_u32(r + MT_T_NAME);
+    info->name = name == MT_NO_NAME ? "" : (const char *)ctx->names + name;
+    info->data = t.data;
+    info->bytes = mt_rd_u32(r + MT_T_BYTES);
+    info->n = t.n;
+    memcpy(info->dim, t.dim, sizeof info->dim);
+    info->ndim = t.ndim;
+    info->dtype = t.dtype;
+    info->storage = t.storage;
+    info->flags = t.flags;
+    return MT_OK;
+}
+
+int mt_op_decode(const mt_ctx_t *ctx, uint32_t index, mt_op_t *op) {
+    if (ctx->plan == NULL) {
+        return MT_E_DETACHED;
+    }
+    if (index >= ctx->n_ops) {
+        return MT_E_INDEX;
+    }
+    uint32_t pos = 0, next = 0;
+    for (uint32_t i = 0; i <= index; i++) {
+        int err = mt_decode_at(ctx, pos, op, &next);
+        if (err != MT_OK) {
+            return err;
+        }
+        pos = next;
+    }
+    resolve(ctx, op);
+    return MT_OK;
+}
