@@ -10,7 +10,7 @@ CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
 NATIVE_STAMP := build/native.stamp
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header check-header clean distclean
+.PHONY: all demo test venv native header clean distclean
 
 all: native
 
@@ -33,9 +33,11 @@ $(NATIVE_STAMP): $(STAMP) $(CORE_FILES) host/microtrain/_build_native.py
 
 native: $(NATIVE_STAMP)
 
-# mt_format.h is generated from host/microtrain/format.py (the one definition of the plan format)
+# mt_format.h and the tables in docs/plan-format.md are generated from
+# host/microtrain/format.py, the one definition of the plan format
 header:
-	cd host && $(PYTHON) -m microtrain.format > ../$(CORE)/mt_format.h
+	$(PYTHON) host/microtrain/format.py > $(CORE)/mt_format.h
+	$(PYTHON) host/microtrain/format.py --update-doc docs/plan-format.md
 
 demo: native
 	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(DEMO_PLAN) --update last-layer --lr 0.05 --momentum 0.9

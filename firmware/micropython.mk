@@ -6,11 +6,15 @@
 #     firmware-unix    build/micropython-unix/micropython   (host executable)
 #     firmware-qemu    build/micropython-qemu/firmware.elf  (Cortex-M7, qemu mps2-an500)
 #     firmware         both
+#     firmware-natmod  build/natmod-$(NATMOD_ARCH)/microtrain.mpy (native module, NATMOD_ARCH=x64 by default)
 #     firmware-check   report the MicroPython checkout and its version
 #     firmware-clean   remove both build directories
 # Every path and flag below is overridable on the command line, e.g.
 #     make firmware-unix MICROPY_DIR=~/src/micropython
 # See firmware/README.md.
+
+# Including this file does not change the including Makefile's default goal.
+MICROTRAIN_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 
 # The repository root: this file lives in <root>/firmware/.
 MICROTRAIN_ROOT := $(patsubst %/,%,$(dir $(abspath $(dir $(lastword $(MAKEFILE_LIST))))))
@@ -30,12 +34,19 @@ FIRMWARE_QEMU_BUILD ?= $(MICROTRAIN_BUILD)/micropython-qemu
 FIRMWARE_QEMU_BOARD ?= MPS2_AN500
 FIRMWARE_QEMU_ARGS ?= FROZEN_MANIFEST=
 
+NATMOD_ARCH ?= x64
+FIRMWARE_NATMOD_BUILD ?= $(MICROTRAIN_BUILD)/natmod-$(NATMOD_ARCH)
+
 # Extra arguments for MicroPython's make (e.g. V=1 or COPT=-O0).
 FIRMWARE_MAKE_ARGS ?=
 
-FIRMWARE_UNIX := $(FIRMWARE_UNIX_BUILD)/micropython
-FIRMWARE_QEMU := $(FIRMWARE_QEMU_BUILD)/firmware.elf
-MPY_CROSS := $(MICROPY_DIR)/mpy-cross/build/mpy-cross
+FIRMWARE_UNIX = $(FIRMWARE_UNIX_BUILD)/micropython
+FIRMWARE_QEMU = $(FIRMWARE_QEMU_BUILD)/firmware.elf
+MICROTRAIN_MPY_CROSS = $(MICROPY_DIR)/mpy-cross/build/mpy-cross
+
+# Absolute forms for the recipes: MicroPython's make runs in its own directory.
+MICROTRAIN_MPY_ABS = $(abspath $(MICROPY_DIR))
+MICROTRAIN_MODULES_ABS = $(abspath $(MICROTRAIN_USER_C_MODULES))
 
 # The module's sources: a change here rebuilds; a change in the set of files
 # (or in the settings below) starts from a clean build directory, since
@@ -55,15 +66,15 @@ MICROTRAIN_SUBMAKE = env $(addprefix -u ,$(MICROTRAIN_CMDLINE_VARS)) \
 # 1.28.0 from py/mpconfig.h, empty if there is no checkout.
 MICROPY_VERSION_FOUND := $(shell awk '/^\#define MICROPY_VERSION_(MAJOR|MINOR|MICRO) /{v = v (v == "" ? "" : ".") $$3} END {print v}' "$(MICROPY_DIR)/py/mpconfig.h" 2>/dev/null)
 
-.PHONY: firmware firmware-unix firmware-qemu firmware-check firmware-clean microtrain-firmware-force
+.PHONY: firmware firmware-unix firmware-qemu firmware-natmod firmware-check firmware-clean microtrain-firmware-force
 
 firmware-clean:
-	rm -rf "$(FIRMWARE_UNIX_BUILD)" "$(FIRMWARE_QEMU_BUILD)"
+	rm -rf "$(FIRMWARE_UNIX_BUILD)" "$(FIRMWARE_QEMU_BUILD)" "$(MICROTRAIN_BUILD)"/natmod-*
 
 ifeq ($(wildcard $(MICROPY_DIR)/py/mpconfig.h),)
 
 # No checkout: say so once and succeed, so `make` works without MicroPython.
-firmware firmware-unix firmware-qemu firmware-check:
+firmware firmware-unix firmware-qemu firmware-natmod firmware-check:
 	@echo "microtrain: no MicroPython checkout at $(MICROPY_DIR); set MICROPY_DIR (see firmware/README.md); skipping $@"
 
 else
@@ -82,8 +93,9 @@ microtrain_check_version = \
 	fi
 
 # $(call microtrain_config,build dir,settings): (re)write <build dir>/microtrain.config
-# only when the settings differ from the last build's, and then empty the build
-# directory first. The stamp is remade on every run but keeps its timestamp when
+# only when the settings differ from the last build's. A directory that holds an
+# older stamp was made by this file, and is emptied first; one without a stamp
+# is never emptied. The stamp is remade on every run but keeps its timestamp when
 # nothing changed, so the firmware is rebuilt only when something it depends on did.
 microtrain_config = \
 	mkdir -p "$(1)"; \
@@ -91,13 +103,15 @@ microtrain_config = \
 	if cmp -s "$(1)/microtrain.config.new" "$(1)/microtrain.config"; then \
 	    rm -f "$(1)/microtrain.config.new"; \
 	else \
-	    if [ -f "$(1)/microtrain.config" ]; then echo "microtrain: settings or module file set changed; starting $(1) afresh"; fi; \
-	    find "$(1)" -mindepth 1 -maxdepth 1 ! -name microtrain.config.new -exec rm -rf {} +; \
+	    if [ -f "$(1)/microtrain.config" ]; then \
+	        echo "microtrain: settings or module file set changed; starting $(1) afresh"; \
+	        find "$(1)" -mindepth 1 -maxdepth 1 ! -name microtrain.config.new -exec rm -rf {} +; \
+	    fi; \
 	    mv "$(1)/microtrain.config.new" "$(1)/microtrain.config"; \
 	fi
 
-FIRMWARE_UNIX_CONFIG = '$(MICROPY_DIR)' '$(MICROPY_VERSION_FOUND)' '$(FIRMWARE_UNIX_VARIANT)' '$(FIRMWARE_UNIX_ARGS)' '$(FIRMWARE_MAKE_ARGS)' $(MICROTRAIN_MODULE_FILES)
-FIRMWARE_QEMU_CONFIG = '$(MICROPY_DIR)' '$(MICROPY_VERSION_FOUND)' '$(FIRMWARE_QEMU_BOARD)' '$(FIRMWARE_QEMU_ARGS)' '$(FIRMWARE_MAKE_ARGS)' $(MICROTRAIN_MODULE_FILES)
+FIRMWARE_UNIX_CONFIG = '$(MICROTRAIN_MPY_ABS)' '$(MICROPY_VERSION_FOUND)' '$(FIRMWARE_UNIX_VARIANT)' '$(FIRMWARE_UNIX_ARGS)' '$(FIRMWARE_MAKE_ARGS)' $(MICROTRAIN_MODULE_FILES)
+FIRMWARE_QEMU_CONFIG = '$(MICROTRAIN_MPY_ABS)' '$(MICROPY_VERSION_FOUND)' '$(FIRMWARE_QEMU_BOARD)' '$(FIRMWARE_QEMU_ARGS)' '$(FIRMWARE_MAKE_ARGS)' $(MICROTRAIN_MODULE_FILES)
 
 $(FIRMWARE_UNIX_BUILD)/microtrain.config: microtrain-firmware-force
 	@$(call microtrain_config,$(FIRMWARE_UNIX_BUILD),$(FIRMWARE_UNIX_CONFIG))
@@ -105,24 +119,38 @@ $(FIRMWARE_UNIX_BUILD)/microtrain.config: microtrain-firmware-force
 $(FIRMWARE_QEMU_BUILD)/microtrain.config: microtrain-firmware-force
 	@$(call microtrain_config,$(FIRMWARE_QEMU_BUILD),$(FIRMWARE_QEMU_CONFIG))
 
-$(MPY_CROSS):
+$(MICROTRAIN_MPY_CROSS):
 	@echo "microtrain: building mpy-cross in $(MICROPY_DIR)/mpy-cross"
-	+@$(MICROTRAIN_SUBMAKE) -C "$(MICROPY_DIR)/mpy-cross" $(FIRMWARE_MAKE_ARGS)
+	+@$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/mpy-cross" $(FIRMWARE_MAKE_ARGS)
 
 # MicroPython's make is itself incremental; the touch keeps this rule from
 # rerunning it when nothing relinked.
-$(FIRMWARE_UNIX): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_UNIX_BUILD)/microtrain.config | $(MPY_CROSS)
+$(FIRMWARE_UNIX): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_UNIX_BUILD)/microtrain.config | $(MICROTRAIN_MPY_CROSS)
 	@$(microtrain_check_version)
-	+$(MICROTRAIN_SUBMAKE) -C "$(MICROPY_DIR)/ports/unix" BUILD="$(FIRMWARE_UNIX_BUILD)" VARIANT="$(FIRMWARE_UNIX_VARIANT)" \
-	    USER_C_MODULES="$(MICROTRAIN_USER_C_MODULES)" $(FIRMWARE_UNIX_ARGS) $(FIRMWARE_MAKE_ARGS)
+	+$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/unix" BUILD="$(abspath $(FIRMWARE_UNIX_BUILD))" VARIANT="$(FIRMWARE_UNIX_VARIANT)" \
+	    USER_C_MODULES="$(MICROTRAIN_MODULES_ABS)" $(FIRMWARE_UNIX_ARGS) $(FIRMWARE_MAKE_ARGS)
 	@touch "$@"
 	@echo "microtrain: built $@"
 
-$(FIRMWARE_QEMU): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_QEMU_BUILD)/microtrain.config | $(MPY_CROSS)
+$(FIRMWARE_QEMU): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_QEMU_BUILD)/microtrain.config | $(MICROTRAIN_MPY_CROSS)
 	@$(microtrain_check_version)
-	+$(MICROTRAIN_SUBMAKE) -C "$(MICROPY_DIR)/ports/qemu" BOARD="$(FIRMWARE_QEMU_BOARD)" BUILD="$(FIRMWARE_QEMU_BUILD)" \
-	    USER_C_MODULES="$(MICROTRAIN_USER_C_MODULES)" $(FIRMWARE_QEMU_ARGS) $(FIRMWARE_MAKE_ARGS)
+	+$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/qemu" BOARD="$(FIRMWARE_QEMU_BOARD)" BUILD="$(abspath $(FIRMWARE_QEMU_BUILD))" \
+	    USER_C_MODULES="$(MICROTRAIN_MODULES_ABS)" $(FIRMWARE_QEMU_ARGS) $(FIRMWARE_MAKE_ARGS)
 	@touch "$@"
 	@echo "microtrain: built $@"
+
+# A native .mpy for firmware built without the module; see firmware/natmod.mk.
+firmware-natmod:
+	@if ! $(or $(PYTHON),python3) -c "import elftools" 2>/dev/null; then \
+	    echo "microtrain: firmware-natmod needs pyelftools for MicroPython's mpy_ld.py (pip install pyelftools); skipping"; \
+	    exit 0; \
+	fi; \
+	mkdir -p "$(FIRMWARE_NATMOD_BUILD)"; \
+	echo 'include $(MICROTRAIN_ROOT)/firmware/natmod.mk' > "$(FIRMWARE_NATMOD_BUILD)/Makefile"; \
+	$(MICROTRAIN_SUBMAKE) -C "$(FIRMWARE_NATMOD_BUILD)" \
+	    MPY_DIR="$(MICROTRAIN_MPY_ABS)" ARCH="$(NATMOD_ARCH)" $(FIRMWARE_MAKE_ARGS) \
+	    && echo "microtrain: built $(FIRMWARE_NATMOD_BUILD)/microtrain.mpy"
 
 endif
+
+.DEFAULT_GOAL := $(MICROTRAIN_SAVED_DEFAULT_GOAL)

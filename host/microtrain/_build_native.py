@@ -49,6 +49,8 @@ int mt_run_op(mt_ctx_t *ctx, uint32_t index);
 int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info);
 const char *mt_strerror(int code);
 uint32_t mt_crc32(const uint8_t *p, size_t n);
+float mt_expf(float x);
+float mt_logf(float x);
 """
 
 ffibuilder = FFI()

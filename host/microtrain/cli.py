@@ -87,9 +87,8 @@ def _simulate(args):
     print()
     before = sim.evaluate(xt, yt)
     print("%s before training (%s, %d samples): %.4f" % (metric, held, len(xt), before))
-    hist = sim.fit(x, y, epochs=args.epochs, seed=args.seed, progress=sys.stderr)
-    for e, loss in enumerate(hist):
-        print("epoch %d: mean loss %.4f" % (e + 1, loss))
+    sim.fit(x, y, epochs=args.epochs, seed=args.seed,
+            on_epoch=lambda e, loss: print("epoch %d: mean loss %.4f" % (e, loss), flush=True))
     after = sim.evaluate(xt, yt)
     print("%s after %d epochs (%d steps): %.4f" % (metric, args.epochs, sim.steps, after))
     if args.save_params:

@@ -17,7 +17,7 @@ from .ir import Graph, Node, Value
 
 MIN_OPSET, MAX_OPSET = 13, 21
 SUPPORTED = ("Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "MaxPool", "AveragePool",
-             "GlobalAveragePool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity",
+             "GlobalAveragePool", "ReduceMean (over all spatial axes)", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity",
              "Dropout", "BatchNormalization", "Softmax (output only)", "LogSoftmax (output only)",
              "and any op whose inputs are all constants")
 
@@ -316,7 +316,12 @@ class Importer:
         wname = self.param(ins[1], W, self.consts[ins[1]].shape)
         self.emit("gemm", [x, wname, bname], node.output[0], {"w_layout": layout}, node, [self.acts[x][0], O])
 
-    def bias_param(self, node, name, C, O):
+    def bias_param(self, node, name, C, O, out_rank=2):
+        """C broadcast onto a layer output (N, O, ...) of rank out_rank must vary along O only."""
+        full = (1,) * (out_rank - C.ndim) + tuple(C.shape) if C.ndim <= out_rank else None
+        if full is None or any(d != 1 for i, d in enumerate(full) if i != 1):
+            raise UnsupportedModel("%s: bias of shape %s does not broadcast per output channel onto an output of "
+                                   "rank %d with %d channels" % (_where(node), C.shape, out_rank, O))
         if C.size == O:
             return self.param(name, C.reshape(O), C.shape)
         if C.size == 1:
@@ -361,7 +366,7 @@ class Importer:
         O = self.values[x].shape[1]
         if prod.op == "conv" and C.size != O and C.size != 1:
             raise UnsupportedModel("%s: constant of shape %s is not a per-channel bias" % (_where(node), C.shape))
-        prod.inputs[2] = self.bias_param(node, consts[0], C, O)
+        prod.inputs[2] = self.bias_param(node, consts[0], C, O, len(self.acts[x]))
         self.alias[node.output[0]] = x
 
     # ---- activations and pooling ----
@@ -373,8 +378,11 @@ class Importer:
         x = self.act(node, ins[0])
         lo = float(self.const(node, ins[1], "Clip min").reshape(())) if len(ins) > 1 and ins[1] else -math.inf
         hi = float(self.const(node, ins[2], "Clip max").reshape(())) if len(ins) > 2 and ins[2] else math.inf
-        if not lo <= hi:
-            raise UnsupportedModel("%s: Clip min %g is above max %g" % (_where(node), lo, hi))
+        if math.isnan(lo) or math.isnan(hi):
+            raise UnsupportedModel("%s: Clip bounds must not be NaN" % _where(node))
+        if lo > hi:   # ONNX: when min is greater than max, every output is max
+            self.notes.append("%s: min %g above max %g: every output is max" % (_where(node), lo, hi))
+            lo = hi
         self.emit("clip", [x], node.output[0], {"lo": lo, "hi": hi}, node, self.acts[x])
 
     def pool(self, node, ins, op):
@@ -384,13 +392,11 @@ class Importer:
             raise UnsupportedModel("%s: only 1-D and 2-D pooling is supported (input %s)" % (_where(node), xs))
         if len(node.output) > 1 and node.output[1]:
             raise UnsupportedModel("%s: the Indices output is not supported" % _where(node))
-        a = self.attrs(node)
+        a = self.attrs(node)   # storage_order only orders Indices, so it is ignored
         sd = len(xs) - 2
         k = list(a["kernel_shape"])
         strides = list(a.get("strides", [1] * sd))
         dil = list(a.get("dilations", [1] * sd))
-        if a.get("storage_order", 0):
-            raise UnsupportedModel("%s: storage_order=1 is not supported" % _where(node))
         spatial = list(xs[2:])
         pads = self.pads(node, a, spatial, k, strides, dil)
         ceil = bool(a.get("ceil_mode", 0))
@@ -415,6 +421,29 @@ class Importer:
         if len(xs) not in (3, 4):
             raise UnsupportedModel("%s: input must be 3-D or 4-D, got %s" % (_where(node), xs))
         self.emit("gap", [x], node.output[0], {}, node, list(xs[:2]) + [1] * (len(xs) - 2))
+
+    def op_ReduceMean(self, node, ins):
+        """A mean over every spatial axis is global average pooling (the dynamo
+        exporter writes AdaptiveAvgPool2d(1) and x.mean((2, 3)) this way)."""
+        x = self.act(node, ins[0])
+        xs = self.acts[x]
+        axes = self.squeeze_axes(node, ins, len(xs))
+        if len(xs) not in (3, 4) or axes is None or sorted(set(axes)) != list(range(2, len(xs))):
+            raise UnsupportedModel("%s: ReduceMean is only supported over all spatial axes of a 3-D or 4-D input "
+                                   "(global average pooling); got axes %s of shape %s" % (_where(node), axes, xs))
+        pooled = list(xs[:2]) + [1] * (len(xs) - 2)
+        if self.attrs(node).get("keepdims", 1):
+            self.emit("gap", [x], node.output[0], {}, node, pooled)
+            return
+        self.emit("gap", [x], node.output[0] + "/keepdims", {}, node, pooled)
+        self.view(node, node.output[0] + "/keepdims", list(xs[:2]))
+
+    def op_CastLike(self, node, ins):
+        """CastLike(value, activation): activations are float32, so this casts to float32."""
+        if ins[0] in self.acts:
+            self.alias[node.output[0]] = ins[0]
+        else:
+            self.consts[node.output[0]] = np.asarray(self.consts[ins[0]], np.float32)
 
     # ---- shape-only ops: views of the same memory ----
     def view(self, node, x, shape):
@@ -468,6 +497,12 @@ class Importer:
     def op_Dropout(self, node, ins):
         if len(node.output) > 1 and node.output[1] and self.uses.get(node.output[1]):
             raise UnsupportedModel("%s: the mask output is not supported" % _where(node))
+        if len(ins) > 2 and ins[2]:   # training_mode: true means a random mask (unless ratio is 0)
+            training = bool(self.const(node, ins[2], "Dropout training_mode").reshape(()))
+            ratio = float(self.const(node, ins[1], "Dropout ratio").reshape(())) if ins[1] else 0.5
+            if training and ratio != 0.0:
+                raise UnsupportedModel("%s: Dropout with training_mode=true is not supported; export the model "
+                                       "in eval mode" % _where(node))
         self.alias[node.output[0]] = self.act(node, ins[0])
 
     # ---- folded ----

@@ -110,9 +110,10 @@ class Simulator:
             return float(np.mean(out.reshape(len(out), -1).argmax(1) == np.asarray(y).reshape(-1)))
         return float(np.mean((out.reshape(len(out), -1) - np.asarray(y, np.float32).reshape(len(out), -1)) ** 2))
 
-    def fit(self, x, y, epochs=1, shuffle=True, seed=0, progress=None):
+    def fit(self, x, y, epochs=1, shuffle=True, seed=0, progress=None, on_epoch=None):
         """Train over (x, y) for some epochs; returns the mean loss of each epoch.
-        progress: a file to draw a progress bar on (default: stderr if a terminal)."""
+        progress: a file to draw a progress bar on (default: stderr if it is a
+        terminal). on_epoch(epoch, mean_loss) is called after each epoch."""
         x = np.asarray(x, np.float32)
         y = np.asarray(y)
         if len(x) != len(y):
@@ -131,8 +132,10 @@ class Simulator:
                 if progress and (k % 50 == 0 or k == len(order) - 1):
                     _bar(progress, e + 1, epochs, k + 1, len(order), total / (k + 1), time.monotonic() - t0)
             history.append(total / len(x))
-        if progress:
-            progress.write("\n")
+            if progress:
+                progress.write("\n")
+            if on_epoch:
+                on_epoch(e + 1, history[-1])
         return history
 
 

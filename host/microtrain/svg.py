@@ -21,22 +21,36 @@ def arena_svg(report, width=900, height=420):
            '<text x="%d" y="20" font-size="14">arena %d B planned (naive %d B, peak live %d B), %d ops</text>'
            % (left, report["arena_bytes"], report["naive_bytes"], report["peak_live_bytes"], report["ops"]),
            '<rect x="%d" y="%d" width="%.1f" height="%d" fill="#f3f3f3"/>' % (left, top, x(fwd) - left, h)]
-    seen = set()
-    for t in tensors:
-        key = (t["offset"], t["bytes"], t["first"], t["last"])
-        if key in seen:       # views share a box
-            continue
-        seen.add(key)
-        color = COLORS["TRAIN"] if t["name"].startswith("d(") else COLORS["FORWARD"]
-        bw = max(2.0, x(t["last"] + 1) - x(t["first"]))
-        bh = max(1.0, y(t["offset"] + t["bytes"]) - y(t["offset"]))
-        out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" fill-opacity="0.75" '
+    # an op that runs in place shares its input's memory from the op that ends the input's life:
+    # chain same-memory tensors whose lives touch into one box (others just reuse the memory later)
+    blocks = []
+    for t in sorted(tensors, key=lambda t: (t["offset"], t["bytes"], t["first"])):
+        b = blocks[-1] if blocks else None
+        if b and (b["off"], b["size"]) == (t["offset"], t["bytes"]) and t["first"] <= b["last"]:
+            b["last"] = max(b["last"], t["last"])
+            b["names"].append(t["name"])
+            b["grad"] = b["grad"] and t["name"].startswith("d(")
+        else:
+            blocks.append({"off": t["offset"], "size": t["bytes"], "first": t["first"], "last": t["last"],
+                           "names": [t["name"]], "grad": t["name"].startswith("d(")})
+    for b in blocks:
+        off, size = b["off"], b["size"]
+        bw = max(2.0, x(b["last"] + 1) - x(b["first"]))
+        bh = max(1.0, y(off + size) - y(off))
+        names = " = ".join(b["names"])
+        out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" fill-opacity="0.8" '
                    'stroke="#333" stroke-width="0.5"><title>%s: %d B at %d, ops %d-%d</title></rect>'
-                   % (x(t["first"]), y(t["offset"]), bw, bh, color, escape(t["name"]), t["bytes"], t["offset"],
-                      t["first"], t["last"]))
+                   % (x(b["first"]), y(off), bw, bh, COLORS["TRAIN"] if b["grad"] else COLORS["FORWARD"],
+                      escape(names), size, off, b["first"], b["last"]))
+        label = b["names"][-1]
+        if bh >= 12 and bw >= 7 * min(len(label), 24):
+            out.append('<text x="%.1f" y="%.1f" fill="white">%s</text>' % (x(b["first"]) + 3, y(off) + 12,
+                                                                           escape(label[-24:])))
+    for k in range(0, n_ops + 1, max(1, n_ops // 20)):
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%d</text>' % (x(k), top + h + 14, k))
     out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, top + h, left + w, top + h))
-    out.append('<text x="%d" y="%d">op index (grey: forward; blue: activations; red: gradients)</text>'
-               % (left, height - 12))
+    out.append('<text x="%d" y="%d">op index (grey band: forward ops; blue: activations; red: gradients; '
+               'hover a box for its tensors)</text>' % (left, height - 8))
     out.append('<text x="12" y="%d" transform="rotate(-90 12 %d)">arena offset</text>' % (top + h // 2, top + h // 2))
     for frac in (0, 0.5, 1):
         out.append('<text x="%d" y="%.1f" text-anchor="end">%d</text>' % (left - 4, y(arena * frac) + 4, arena * frac))

@@ -14,17 +14,6 @@ SRC_USERMOD_LIB_C += $(MICROTRAIN_CORE_SRC)
 
 CFLAGS_USERMOD += -I$(MICROTRAIN_MOD_DIR)
 
-# The core calls expf and logf. Bare-metal ports (qemu, stm32, ...) link
-# MicroPython's own libm, and with MICROPY_FLOAT_IMPL=double (qemu MPS2_AN500,
-# double-FPU stm32 boards) that is lib/libm_dbl, which has no float functions.
-# Add the single-precision lib/libm/math.c then, compiled as float ports compile
-# it; --gc-sections keeps only what the core uses. (Hosted ports such as unix
-# link the C library's libm and do not set MICROPY_FLOAT_IMPL in make.)
-ifeq ($(MICROPY_FLOAT_IMPL),double)
-SRC_USERMOD_LIB_C += lib/libm/math.c
-$(BUILD)/lib/libm/math.o: private CFLAGS += -fsingle-precision-constant
-endif
-
 # The core is C99: compile it with -std=c99 (after the port's -std=gnu99, so it
 # wins), keeping the port's warning flags. `private` stops the flag reaching
 # prerequisites that make builds on these objects' behalf. Object paths follow

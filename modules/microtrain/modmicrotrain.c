@@ -197,15 +197,6 @@ static size_t get_f32(mp_obj_t obj, mp_buffer_info_t *bi, mp_uint_t flags, const
     msg_raise(&mp_type_TypeError, &m);
 }
 
-/* strlen without the C library (a native .mpy has none). */
-static size_t c_strlen(const char *s) {
-    size_t n = 0;
-    while (s[n] != '\0') {
-        n++;
-    }
-    return n;
-}
-
 static inline bool is_aligned(const void *p) {
     return ((uintptr_t)p & (sizeof(float) - 1)) == 0;
 }
@@ -352,8 +343,8 @@ static mp_obj_t trainer_step(size_t n_args, const mp_obj_t *args) {
             mp_raise_TypeError(MP_ERROR_TEXT("y must be an int class label (the plan's loss is cross-entropy)"));
         }
         mp_int_t label = mp_obj_get_int(y_in);
-        if (label < 0 || label > 0x7FFFFFFF) {
-            label = -1; /* the core reports it as out of range */
+        if ((mp_uint_t)label > 0x7FFFFFFFu) {
+            label = -1; /* negative or beyond int32: the core reports it as out of range */
         }
         rc = mt_step_label(ctx, x, self->n_in, (int32_t)label, &loss);
     } else {
@@ -460,7 +451,7 @@ static mp_obj_t trainer_params(mp_obj_t self_in) {
         }
         mp_obj_t key;
         if (ti.name != NULL && ti.name[0] != '\0') {
-            key = mp_obj_new_str(ti.name, c_strlen(ti.name));
+            key = mp_obj_new_str(ti.name, strlen(ti.name));
         } else {
             mt_msg_t m;
             m.len = 0;
@@ -499,7 +490,7 @@ static mp_obj_t trainer_info(mp_obj_t self_in) {
     MT_STORE(MP_QSTR_updates, new_uint(ctx->updates));
     const char *loss = ctx->loss_kind == MT_LOSS_CROSS_ENTROPY ? "cross-entropy"
         : ctx->loss_kind == MT_LOSS_MSE ? "mse" : NULL;
-    MT_STORE(MP_QSTR_loss, loss != NULL ? mp_obj_new_str(loss, c_strlen(loss)) : mp_const_none);
+    MT_STORE(MP_QSTR_loss, loss != NULL ? mp_obj_new_str(loss, strlen(loss)) : mp_const_none);
     #undef MT_STORE
     return d;
 }
@@ -577,8 +568,7 @@ MP_REGISTER_MODULE(MP_QSTR_microtrain, microtrain_user_cmodule);
 #else /* MICROPY_ENABLE_DYNRUNTIME: native .mpy, see examples/natmod */
 
 /* The C library functions the binding and the core use; a native module links
- * no libc. The core also needs expf and logf: build MicroPython's
- * lib/libm/math.c into the .mpy (see firmware/README.md). */
+ * no libc. (The core needs no libm: it has its own exp and log.) */
 #if !defined(__linux__)
 void *memcpy(void *dst, const void *src, size_t n) {
     return mp_fun_table.memmove_(dst, src, n);
@@ -587,7 +577,13 @@ void *memset(void *s, int c, size_t n) {
     return mp_fun_table.memset_(s, c, n);
 }
 #endif
-int memcmp(const void *a, const void *b, size_t n) {
+/* gcc would turn these loops back into calls to themselves. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define MT_NO_LIBCALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define MT_NO_LIBCALLS
+#endif
+MT_NO_LIBCALLS int memcmp(const void *a, const void *b, size_t n) {
     const unsigned char *p = a, *q = b;
     for (size_t i = 0; i < n; i++) {
         if (p[i] != q[i]) {
@@ -595,6 +591,13 @@ int memcmp(const void *a, const void *b, size_t n) {
         }
     }
     return 0;
+}
+MT_NO_LIBCALLS size_t strlen(const char *s) {
+    size_t n = 0;
+    while (s[n] != '\0') {
+        n++;
+    }
+    return n;
 }
 
 mp_obj_full_type_t mt_type_trainer;

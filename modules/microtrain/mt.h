@@ -104,6 +104,8 @@ uint32_t mt_crc32(const uint8_t *p, size_t n);
 uint32_t mt_rd_u32(const uint8_t *p);
 uint16_t mt_rd_u16(const uint8_t *p);
 float mt_f32_from_bits(int32_t bits);
+float mt_expf(float x);
+float mt_logf(float x);
 int mt_op_check(const mt_ctx_t *ctx, const mt_op_t *op);
 void mt_tensor_decode(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t);
 int mt_decode_at(const mt_ctx_t *ctx, uint32_t pos, mt_op_t *op, uint32_t *next);

@@ -1,7 +1,6 @@
 /* microtrain core: losses. Each writes the gradient of the loss with respect to
  * the model output and returns the loss; the caller rejects a non-finite loss
  * before any parameter changes. */
-#include <math.h>
 #include "mt_kernels.h"
 
 /* Softmax fused with cross-entropy: loss = logsumexp(z) - z[label],
@@ -17,10 +16,10 @@ float mt_k_softmax_ce(const mt_op_t *op) {
     }
     float s = 0.0f;
     for (uint32_t i = 0; i < n; i++) {
-        dz[i] = expf(z[i] - m);
+        dz[i] = mt_expf(z[i] - m);
         s += dz[i];
     }
-    const float loss = logf(s) + m - z[label];
+    const float loss = mt_logf(s) + m - z[label];
     const float inv = 1.0f / s;
     for (uint32_t i = 0; i < n; i++) {
         dz[i] *= inv;

@@ -34,9 +34,13 @@ uint32_t mt_crc32(const uint8_t *p, size_t n) {
 }
 
 const char *mt_strerror(int code) {
-    static const char *const messages[MT_E_COUNT] = { MT_ERROR_MESSAGES };
+    static const char messages[] = MT_ERROR_MESSAGES;
     if (code < 0 || code >= MT_E_COUNT) {
         return "unknown error";
     }
-    return messages[code];
+    const char *p = messages;
+    while (code-- > 0) {
+        p += strlen(p) + 1;
+    }
+    return p;
 }

@@ -1,0 +1,32 @@
+# microtrain as a native .mpy module (MicroPython "natmod"), for firmware that
+# was built without the microtrain user C module. Used by `make firmware-natmod`
+# (firmware/micropython.mk), which writes build/natmod-ARCH/Makefile as
+#     include <repo>/firmware/natmod.mk
+# (MicroPython's dynruntime.mk wants a Makefile in the working directory) and runs
+#     make -C build/natmod-ARCH MPY_DIR=... ARCH=armv7emdp
+# which leaves microtrain.mpy there. Copy it to the board (mpremote cp) and import it.
+# Needs pyelftools (pip install pyelftools) for MicroPython's tools/mpy_ld.py.
+# ARCH: x64, x86, armv6m, armv7m, armv7emsp, armv7emdp, xtensa, xtensawin, rv32imc...
+# The .mpy version must match the firmware's (same MicroPython release, v1.28.0).
+
+MICROTRAIN_NATMOD_ROOT := $(patsubst %/,%,$(dir $(abspath $(dir $(lastword $(MAKEFILE_LIST))))))
+MICROTRAIN_MOD_SRC := $(MICROTRAIN_NATMOD_ROOT)/modules/microtrain
+
+MPY_DIR ?= $(HOME)/.cache/microtrain/micropython
+MOD = microtrain
+ARCH ?= x64
+
+# The binding and the core (which has its own exp and log: a native module links no libm).
+SRC = $(MICROTRAIN_MOD_SRC)/modmicrotrain.c $(sort $(wildcard $(MICROTRAIN_MOD_SRC)/mt_*.c))
+
+# -fno-tree-loop-distribute-patterns: keep gcc from turning plain loops into
+# strlen/memcpy calls that a native module cannot resolve.
+CFLAGS_EXTRA = -I$(MICROTRAIN_MOD_SRC) -fno-tree-loop-distribute-patterns
+
+include $(MPY_DIR)/py/dynruntime.mk
+
+# Soft-float and 64-bit integer helpers (__aeabi_*) from libgcc on ARM. Not
+# LINK_RUNTIME=1: that would also pull in newlib's libc and libm.
+ifneq ($(filter arm%,$(ARCH)),)
+MPY_LD_FLAGS += -l$(realpath $(shell $(CROSS)gcc $(CFLAGS) --print-libgcc-file-name))
+endif

@@ -1,0 +1,145 @@
+"""Memory: the plan's arena bounds, writes that stay inside tensors, and a C
+core that cannot allocate and keeps no mutable static data."""
+import glob
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import microtrain
+from microtrain import format as F
+from microtrain import planner
+
+import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORE = os.path.join(ROOT, "modules", "microtrain")
+EXAMPLE = os.path.join(ROOT, "examples", "digits_cnn.onnx")
+
+CASES = [("mlp", lambda: models.mlp(), "full"), ("cnn-full", lambda: models.cnn(), "full"),
+         ("cnn-last2", lambda: models.cnn(), "last:2"), ("cnn-bias", lambda: models.cnn(), "bias"),
+         ("digits", lambda: EXAMPLE, "last-layer"), ("digits-full", lambda: EXAMPLE, "full")]
+
+
+def sample(sim, rng):
+    return rng.normal(size=sim.input_shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("name,model,update", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_arena_between_peak_live_and_naive(name, model, update, batch):
+    r = microtrain.compile(model(), update=update, momentum=0.9, batch=batch).report()
+    # the lower bound, recomputed here from the tensors' lifetimes, not taken from the report
+    spans = {}
+    for t in r["tensors"]:
+        if t["storage"] == "arena" and t["first"] >= 0:
+            key = (t["offset"], t["bytes"])
+            f, l = spans.get(key, (t["first"], t["last"]))
+            spans[key] = (min(f, t["first"]), max(l, t["last"]))
+    peak = max(sum(-(-b // 8) * 8 for (o, b), (f, l) in spans.items() if f <= k <= l) for k in range(r["ops"]))
+    assert peak <= r["arena_bytes"] <= r["naive_bytes"]
+    # every buffer fits in the arena and buffers alive at the same op never overlap
+    bufs = [planner.Buffer(b, f, l) for (o, b), (f, l) in spans.items()]
+    planner.check(bufs, [o for o, b in spans])
+    assert all(o + b <= r["arena_bytes"] for o, b in spans)
+
+
+@pytest.mark.parametrize("name,model,update", CASES, ids=[c[0] for c in CASES])
+def test_planned_and_naive_memory_train_identically(name, model, update):
+    """Sharing memory must not change a single bit of the results."""
+    rng = np.random.default_rng(0)
+    sims = [microtrain.Simulator(microtrain.compile(model(), update=update, lr=0.05, momentum=0.9, planner=p))
+            for p in ("greedy", "naive")]
+    n_out = int(np.prod(sims[0].output_shape))
+    for _ in range(5):
+        x, y = sample(sims[0], rng), int(rng.integers(n_out))
+        losses = [s.step(x, y) for s in sims]
+        assert losses[0] == losses[1]
+    p0, p1 = sims[0].params(), sims[1].params()
+    for k in p0:
+        assert np.array_equal(p0[k], p1[k]), k
+
+
+def writable_ranges(plan, core, op):
+    """(start, end) byte ranges in RAM that an op may write: its out, param and state slots."""
+    spec = F.OPS_BY_NAME[op["op"]]
+    state_bytes = plan.header["state_bytes"]
+    out = []
+    for slot, tid in zip(spec.slots, op["slots"]):
+        if tid is None or slot.role == "in":
+            continue
+        t = plan.tensors[tid]
+        base = t["offset"] + (0 if t["storage"] == "STATE" else state_bytes)
+        out.append((base, base + t["bytes"]))
+    return out
+
+
+@pytest.mark.parametrize("name,model,update", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_each_op_writes_only_its_own_tensors(name, model, update, batch):
+    """Run the step op by op; after each op, every changed RAM byte lies in a
+    tensor the op declares as written, and the guard bytes around RAM are intact."""
+    plan = microtrain.compile(model(), update=update, lr=0.05, momentum=0.9, batch=batch)
+    sim = microtrain.Simulator(plan, guard=64)
+    core = sim.core
+    rng = np.random.default_rng(3)
+    for _ in range(batch):
+        core.set_input(sample(sim, rng))
+        core.array(plan.header["target_tensor"])[...] = 1
+        ram = core.ram_view()
+        for i, op in enumerate(plan.ops):
+            before = ram.copy()
+            core.run_op(i)
+            changed = np.flatnonzero(ram != before)
+            allowed = np.zeros(ram.size, bool)
+            for a, b in writable_ranges(plan, core, op):
+                allowed[a:b] = True
+            bad = changed[~allowed[changed]]
+            assert bad.size == 0, "op %d %s wrote outside its tensors at RAM bytes %s" % (i, op["op"], bad[:8])
+    assert (core.raw[:64] == 0xA5).all() and (core.raw[64 + core.ram_bytes:] == 0xA5).all()
+
+
+@pytest.mark.parametrize("name,model,update", CASES, ids=[c[0] for c in CASES])
+def test_guard_bytes_between_tensors_survive_training(name, model, update):
+    """With a gap after every tensor and nothing shared, the gaps and the
+    guards around RAM must still hold their pattern after whole training steps."""
+    plan = microtrain.compile(model(), update=update, lr=0.05, momentum=0.9, planner="naive", guard=32)
+    sim = microtrain.Simulator(plan, guard=64)
+    rng = np.random.default_rng(4)
+    n_out = int(np.prod(sim.output_shape))
+    for _ in range(4):
+        sim.step(sample(sim, rng), int(rng.integers(n_out)))
+        sim.predict(sample(sim, rng))
+    core = sim.core
+    arena = core.ram_view()[plan.header["state_bytes"]:]
+    covered = np.zeros(arena.size, bool)
+    for t in plan.tensors:
+        if t["storage"] == "ARENA":
+            covered[t["offset"]:t["offset"] + t["bytes"]] = True
+    assert (~covered).sum() >= 32 * sum(1 for t in plan.tensors if t["storage"] == "ARENA") // 2
+    assert (arena[~covered] == 0xA5).all(), "a kernel wrote into a guard gap"
+    assert (core.raw[:64] == 0xA5).all() and (core.raw[64 + core.ram_bytes:] == 0xA5).all()
+
+
+def compiled_core_objects(tmp_path):
+    objs = []
+    for src in sorted(glob.glob(os.path.join(CORE, "mt_*.c"))):
+        obj = tmp_path / (os.path.basename(src) + ".o")
+        subprocess.run(["gcc", "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2", "-c", src,
+                        "-o", str(obj)], check=True)
+        objs.append(obj)
+    return objs
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None, reason="needs gcc and nm")
+def test_core_is_strict_c99_without_malloc_or_mutable_statics(tmp_path):
+    allowed = {"memcpy", "memset", "memcmp", "strlen"}   # not even libm
+    for obj in compiled_core_objects(tmp_path):
+        undef = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout.split()
+        names = {u for u in undef if u not in ("U", "w") and not u.startswith("mt_")}
+        assert names <= allowed, "%s calls %s" % (obj.name, sorted(names - allowed))
+        syms = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+        mutable = [line for line in syms.splitlines() if line.split()[-2:-1] and line.split()[-2] in "dDbBcC"]
+        assert not mutable, "%s has mutable static data: %s" % (obj.name, mutable)
