@@ -64,6 +64,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         "param_shapes": {t.name: list(t.onnx_shape) for t in tensors if t.flags & F.TFLAGS["PARAM"]},
         "notes": graph.notes,
         "planner": planner,
+        # tensors that share another's memory (views, ops run in place): index -> index of the owner
+        "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},
     }
     data = write_plan(tensors, ops, arena=arena, state=state, naive=naive, blobs=blobs, data_size=data_size,
                       io=(inp, tgt, out), loss=loss, batch=batch, lr=lr, momentum=momentum,

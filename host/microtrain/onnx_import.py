@@ -283,7 +283,7 @@ class Importer:
     def extent(node, size, p0, p1, k, dil, stride, ceil):
         eff = dil * (k - 1) + 1
         span = size + p0 + p1 - eff
-        if span < 0:
+        if span < (1 - stride if ceil else 0):   # ceil_mode: a window may hang past the padded input
             raise UnsupportedModel("%s: window %d is larger than the padded input %d" % (_where(node), eff, size + p0 + p1))
         out = (-(-span // stride) if ceil else span // stride) + 1
         if ceil and (out - 1) * stride >= size + p0:   # PyTorch: the last window must start inside the input or left pad

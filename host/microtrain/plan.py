@@ -201,6 +201,17 @@ class Plan:
                 return i
         raise KeyError("no tensor named %r in the plan" % name)
 
+    def memory_owners(self):
+        """For each tensor, the tensor whose memory it uses (itself unless it is a view
+        or the output of an op run in place)."""
+        shares = {int(k): v for k, v in self.meta.get("shares", {}).items()}
+
+        def owner(i):
+            while i in shares:
+                i = shares[i]
+            return i
+        return [owner(i) for i in range(len(self.tensors))]
+
     def params(self):
         """Names of the trainable parameters, in plan order."""
         return [t["name"] for t in self.tensors if t["flags"] & F.TFLAGS["PARAM"]]
@@ -209,15 +220,15 @@ class Plan:
         hd = self.header
         inputs = [hd["input_tensor"], hd["target_tensor"]]
         first, last = lifetimes(len(self.tensors), [o["slots"] for o in self.ops], inputs)
-        arena_ids = [i for i, t in enumerate(self.tensors) if t["storage"] == "ARENA"]
+        owner = self.memory_owners()
         # a lower bound: the largest set of distinct arena buffers live at one op
         spans = {}
-        for i in arena_ids:
-            key = (self.tensors[i]["offset"], self.tensors[i]["bytes"])
-            if first[i] >= 0:
-                f, l = spans.get(key, (first[i], last[i]))
-                spans[key] = (min(f, first[i]), max(l, last[i]))
-        peak = planner.peak_live_bytes([planner.Buffer(b, f, l) for (o, b), (f, l) in spans.items()], F.ALIGN)
+        for i, t in enumerate(self.tensors):
+            if t["storage"] == "ARENA" and first[i] >= 0:
+                f, l = spans.get(owner[i], (first[i], last[i]))
+                spans[owner[i]] = (min(f, first[i]), max(l, last[i]))
+        peak = planner.peak_live_bytes([planner.Buffer(self.tensors[o]["bytes"], f, l) for o, (f, l) in spans.items()],
+                                       F.ALIGN)
         phases = {}
         for o in self.ops:
             phases[o["phase"].lower()] = phases.get(o["phase"].lower(), 0) + 1
@@ -243,7 +254,9 @@ class Plan:
             "notes": self.meta.get("notes", []),
             "tensors": [dict(name=t["name"], storage=t["storage"].lower(), dtype=t["dtype"].lower(),
                              shape=list(t["shape"]), bytes=t["bytes"], offset=t["offset"],
-                             first=first[i], last=last[i]) for i, t in enumerate(self.tensors)],
+                             first=first[i], last=last[i],
+                             memory_of=self.tensors[owner[i]]["name"] if owner[i] != i else None)
+                          for i, t in enumerate(self.tensors)],
         }
 
 

@@ -21,18 +21,17 @@ def arena_svg(report, width=900, height=420):
            '<text x="%d" y="20" font-size="14">arena %d B planned (naive %d B, peak live %d B), %d ops</text>'
            % (left, report["arena_bytes"], report["naive_bytes"], report["peak_live_bytes"], report["ops"]),
            '<rect x="%d" y="%d" width="%.1f" height="%d" fill="#f3f3f3"/>' % (left, top, x(fwd) - left, h)]
-    # an op that runs in place shares its input's memory from the op that ends the input's life:
-    # chain same-memory tensors whose lives touch into one box (others just reuse the memory later)
-    blocks = []
-    for t in sorted(tensors, key=lambda t: (t["offset"], t["bytes"], t["first"])):
-        b = blocks[-1] if blocks else None
-        if b and (b["off"], b["size"]) == (t["offset"], t["bytes"]) and t["first"] <= b["last"]:
-            b["last"] = max(b["last"], t["last"])
-            b["names"].append(t["name"])
-            b["grad"] = b["grad"] and t["name"].startswith("d(")
-        else:
-            blocks.append({"off": t["offset"], "size": t["bytes"], "first": t["first"], "last": t["last"],
-                           "names": [t["name"]], "grad": t["name"].startswith("d(")})
+    # a view or an op run in place uses its owner's memory: draw each owner's block once, over the
+    # whole time any of its tensors lives
+    blocks = {}
+    for t in tensors:
+        b = blocks.setdefault(t["memory_of"] or t["name"], {"off": t["offset"], "size": 0, "first": t["first"],
+                                                           "last": t["last"], "names": [], "grad": True})
+        b["size"] = max(b["size"], t["bytes"])
+        b["first"], b["last"] = min(b["first"], t["first"]), max(b["last"], t["last"])
+        b["names"].append(t["name"])
+        b["grad"] = b["grad"] and t["name"].startswith("d(")
+    blocks = sorted(blocks.values(), key=lambda b: (b["off"], b["first"]))
     for b in blocks:
         off, size = b["off"], b["size"]
         bw = max(2.0, x(b["last"] + 1) - x(b["first"]))
