@@ -152,7 +152,7 @@ def test_non_finite_inputs(bad):
     mse = microtrain.Simulator(microtrain.compile(models.mlp(), update="full", loss="mse"))
     t = np.zeros(3, np.float32)
     t[0] = bad
-    with pytest.raises(ValueError, match="NaN or infinity"):
+    with pytest.raises(ValueError, match="target contains NaN or infinity"):
         mse.step(np.zeros(6, np.float32), t)
     for k, v in sim.params().items():
         assert np.array_equal(v, before[k])
@@ -167,6 +167,16 @@ def test_diverging_loss_stops_before_any_update():
             sim.step(x, 0)
     for k, v in sim.params().items():
         assert np.array_equal(v, before[k]), "a failed step changed %s" % k
+
+
+def test_an_error_names_its_own_location_not_an_earlier_ones():
+    sim = microtrain.Simulator(microtrain.compile(models.mlp(), update="full"))
+    with pytest.raises(ValueError, match=r"loss is not finite.*\(op \d+\)"):
+        sim.step(np.full(6, 3e38, np.float32), 0)
+    for call in (lambda: sim.step(np.zeros(6, np.float32), 3), lambda: sim.predict(np.full(6, np.nan, np.float32))):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert "(op" not in str(e.value)
 
 
 def test_target_kind_must_match_the_loss():

@@ -176,7 +176,7 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("OP", "invalid op record"),
     ("OPCODE", "unknown op code"),
     ("SHAPE", "tensor shapes do not fit the op"),
-    ("ALIAS", "op output overlaps another of its tensors"),
+    ("ALIAS", "tensors overlap in memory where they must not"),
     ("NAME", "invalid tensor name"),
     ("ALIGN", "buffer is not 4-byte aligned"),
     ("RAM", "RAM buffer too small for the plan"),
@@ -192,6 +192,7 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("DETACHED", "no plan loaded or no RAM attached"),
     ("OUTPUT_LEN", "output buffer has the wrong number of elements"),
     ("TARGET_KIND", "target kind does not match the loss (class label for cross-entropy, float targets for mse)"),
+    ("TARGET_NONFINITE", "target contains NaN or infinity"),
 )
 
 

@@ -157,7 +157,7 @@ class Builder:
         self.needs = needs
         dout = self.grad_tensor(self.g.output, out)
         self.op("SOFTMAX_CE" if self.loss == "cross-entropy" else "MSE", "TRAIN", [out, target, dout], source="loss")
-        self.grad[self.g.output] = dout
+        self.contribute(self.g.output, dout)   # the output may be a view (Flatten last): reach its source
         for n in reversed(nodes):
             self.backward(n)
         for pname in sorted(self.opt, key=lambda p: self.index[p]):

@@ -165,7 +165,8 @@ static MP_NORETURN void raise_len(const char *what, size_t have, const char *rol
 /* Get a float32 buffer from obj (array('f'), or a byte buffer of 4k bytes) and
  * return its length in floats. what names the argument in error messages. */
 static size_t get_f32(mp_obj_t obj, mp_buffer_info_t *bi, mp_uint_t flags, const char *what) {
-    if (!mp_get_buffer(obj, bi, flags)) {
+    /* a str lends its UTF-8 bytes as a buffer, but is never float32 data */
+    if (mp_obj_is_str(obj) || !mp_get_buffer(obj, bi, flags)) {
         mt_msg_t m;
         m.len = 0;
         msg_str(&m, what);
@@ -282,7 +283,7 @@ static mp_obj_t new_uint(uint64_t v) {
 static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_t n_kw, const mp_obj_t *args) {
     mp_arg_check_num(n_args, n_kw, 1, 1, false);
     mp_buffer_info_t bi;
-    if (!mp_get_buffer(args[0], &bi, MP_BUFFER_READ)) {
+    if (mp_obj_is_str(args[0]) || !mp_get_buffer(args[0], &bi, MP_BUFFER_READ)) {
         mp_raise_TypeError(MP_ERROR_TEXT("plan must be bytes, bytearray or memoryview (a .mtp file's contents)"));
     }
 

@@ -18,8 +18,15 @@ static int ready(const mt_ctx_t *ctx) {
     return ctx->plan != NULL && ctx->ram != NULL;
 }
 
+/* Every entry point starts here: an error names where it happened, never where an earlier one did. */
+static void clear_error(mt_ctx_t *ctx) {
+    ctx->err_op = -1;
+    ctx->err_tensor = -1;
+}
+
 /* x may be unaligned (a slice of a byte buffer): copy bytewise, then check. */
 int mt_set_input(mt_ctx_t *ctx, const float *x, size_t n_x) {
+    clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
@@ -130,6 +137,7 @@ static int run_phases(mt_ctx_t *ctx, uint8_t lo, uint8_t hi) {
 }
 
 int mt_run_op(mt_ctx_t *ctx, uint32_t index) {
+    clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
@@ -139,8 +147,6 @@ int mt_run_op(mt_ctx_t *ctx, uint32_t index) {
 }
 
 static int step(mt_ctx_t *ctx, float *loss) {
-    ctx->err_op = -1;
-    ctx->err_tensor = -1;
     int err = run_phases(ctx, MT_PHASE_FORWARD, MT_PHASE_TRAIN);
     if (err != MT_OK) {
         return err;
@@ -162,6 +168,7 @@ static int step(mt_ctx_t *ctx, float *loss) {
 }
 
 int mt_step_label(mt_ctx_t *ctx, const float *x, size_t n_x, int32_t label, float *loss) {
+    clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
@@ -185,6 +192,7 @@ int mt_step_label(mt_ctx_t *ctx, const float *x, size_t n_x, int32_t label, floa
 }
 
 int mt_step_target(mt_ctx_t *ctx, const float *x, size_t n_x, const float *target, size_t n_target, float *loss) {
+    clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
@@ -205,12 +213,13 @@ int mt_step_target(mt_ctx_t *ctx, const float *x, size_t n_x, const float *targe
     }
     memcpy(t.data, target, n_target * sizeof(float));
     if (!all_finite(t.data, t.n)) {
-        return MT_E_NONFINITE;
+        return MT_E_TARGET_NONFINITE;
     }
     return step(ctx, loss);
 }
 
 int mt_predict(mt_ctx_t *ctx, const float *x, size_t n_x, float *out, size_t n_out) {
+    clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }

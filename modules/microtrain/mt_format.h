@@ -373,7 +373,8 @@
 #define MT_E_DETACHED 25
 #define MT_E_OUTPUT_LEN 26
 #define MT_E_TARGET_KIND 27
-#define MT_E_COUNT 28
+#define MT_E_TARGET_NONFINITE 28
+#define MT_E_COUNT 29
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -388,7 +389,7 @@
     "invalid op record\0" \
     "unknown op code\0" \
     "tensor shapes do not fit the op\0" \
-    "op output overlaps another of its tensors\0" \
+    "tensors overlap in memory where they must not\0" \
     "invalid tensor name\0" \
     "buffer is not 4-byte aligned\0" \
     "RAM buffer too small for the plan\0" \
@@ -403,6 +404,7 @@
     "invalid optimizer settings\0" \
     "no plan loaded or no RAM attached\0" \
     "output buffer has the wrong number of elements\0" \
-    "target kind does not match the loss (class label for cross-entropy, float targets for mse)\0"
+    "target kind does not match the loss (class label for cross-entropy, float targets for mse)\0" \
+    "target contains NaN or infinity\0"
 
 #endif /* MT_FORMAT_H */

@@ -1,0 +1,331 @@
+"""The microtrain module on MicroPython itself: the unix port and the qemu
+Cortex-M7 firmware (MPS2_AN500), built by `make firmware`.
+
+The tests are MicroPython's own kind: tests/micropython/<name>.py with its
+expected output <name>.py.exp, run by MicroPython's tests/run-tests.py, which
+sends each script to the target (a process for unix, a serial REPL for qemu)
+and compares what it prints with the .exp. The .exp files are written by hand
+and hold no figure our own code computes, only True/False verdicts, fixed
+facts and exception messages.
+
+qemu has no filesystem, so everything a test needs (plans, samples, and what
+the host simulator computed from them: parameters after 50 steps, losses,
+predictions, report figures) travels inside the script. This file compiles the
+plans, runs the host simulator, and writes build/mptests/<name>.py = a data
+header + the template, with the .exp next to it. Each port is one test here;
+a failure shows run-tests.py's output and the diff of each failing test.
+"""
+import difflib
+import glob
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+import microtrain
+from microtrain import format as F
+from microtrain.native import Core
+
+import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATES = os.path.join(ROOT, "tests", "micropython")
+OUT = os.path.join(ROOT, "build", "mptests")
+MICROPY_DIR = os.path.abspath(os.path.expanduser(
+    os.environ.get("MICROPY_DIR") or os.path.join("~", ".cache", "microtrain", "micropython")))
+FIRMWARE = {
+    "unix": os.path.join(ROOT, "build", "micropython-unix", "micropython"),
+    "qemu": os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf"),
+}
+QEMU_CMD = "qemu-system-arm -machine mps2-an500 -nographic -monitor null -semihosting -serial pty -kernel %s"
+MODULE_SOURCES = os.path.join(ROOT, "modules", "microtrain")
+
+STEPS = 50
+TOL = 1e-5   # |device - host| <= TOL * max(1, |host|), for every parameter, loss and output
+
+
+def f32(a):
+    """float32 bytes in the targets' byte order (both are little-endian): the
+    exact bits travel, no decimal round trip."""
+    return np.ascontiguousarray(a, dtype="<f4").tobytes()
+
+
+def params_f32(sim):
+    return {k: f32(v) for k, v in sim.params().items()}
+
+
+def learnable(rng, n, n_in, n_out):
+    """Samples and labels a linear model can learn: the label is the argmax of a fixed projection."""
+    x = rng.normal(size=(n, n_in)).astype(np.float32)
+    w = rng.normal(size=(n_in, n_out))
+    return x, (x @ w).argmax(1)
+
+
+def train_on_host(plan, x, y, steps=STEPS):
+    sim = microtrain.Simulator(plan)
+    losses = [sim.step(x[i % len(x)], y[i % len(y)]) for i in range(steps)]
+    return sim, np.array(losses, np.float32)
+
+
+def assert_learns(losses):
+    """The device prints 'losses decrease True'; make sure the host agrees that they do."""
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]), losses
+
+
+# ---- data for each test: {name: value} becomes `name = repr(value)` --------------------------
+
+
+def data_train_mlp():
+    """MLP, cross-entropy, momentum 0.9, batch 1, every parameter trained, 50 steps."""
+    plan = microtrain.compile(models.mlp(n_in=8, hidden=6, n_out=3, seed=1), update="full",
+                              loss="cross-entropy", lr=0.05, momentum=0.9)
+    x, y = learnable(np.random.default_rng(1), 10, 8, 3)
+    sim, losses = train_on_host(plan, x, y)
+    assert_learns(losses)
+    return dict(PLAN=plan.data, N=len(x), X=f32(x), Y=[int(v) for v in y], STEPS=STEPS,
+                HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim))
+
+
+def data_train_cnn():
+    """conv, relu, depthwise conv, relu6, residual add, maxpool, 1x1 conv, global
+    average pool, gemm; mse, momentum 0.9, batch 2, every parameter trained, 50 steps."""
+    plan = microtrain.compile(models.cnn(seed=2, hw=8, n_out=4), update="full", loss="mse",
+                              lr=0.02, momentum=0.9, batch=2)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(4, 2, 8, 8)).astype(np.float32)
+    y = rng.normal(size=(4, 4)).astype(np.float32)
+    sim, losses = train_on_host(plan, x, y)
+    assert_learns(losses)
+    assert sim.core.ctx.updates == STEPS // 2
+    return dict(PLAN=plan.data, N=len(x), X=f32(x), Y=f32(y), STEPS=STEPS,
+                HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim))
+
+
+def data_noalloc():
+    ce = microtrain.compile(models.mlp(n_in=8, hidden=6, n_out=3), update="full", lr=0.01, momentum=0.9)
+    mse = microtrain.compile(models.cnn(hw=6, n_out=3), update="full", loss="mse", lr=0.001,
+                             momentum=0.9, batch=2)
+    return dict(PLAN_CE=ce.data, PLAN_MSE=mse.data)
+
+
+HO = F.header_offsets()
+TO = F.tensor_offsets()
+
+
+def xor_patches(good, bad):
+    """[(position, xor mask)] that turn good into bad (same length)."""
+    return [(i, a ^ b) for i, (a, b) in enumerate(zip(good, bad)) if a != b]
+
+
+def apply_case(data, length, patches, tail):
+    """The bad plan of one case; the template's make() is the same function."""
+    b = bytearray(data[:length] if length >= 0 else data)
+    for pos, mask in patches:
+        b[pos] ^= mask
+    return bytes(b) + tail
+
+
+def bad_plan_cases(plan):
+    """(name, keep the first n bytes or -1 for all, [(byte position, xor mask)], bytes appended).
+    Mutations of fields behind the CRC come with the CRC fixed, so the check of the field is reached."""
+    data = plan.data
+    h = plan.header
+
+    def set_bytes(pos, new, fix_crc=True):
+        b = bytearray(data)
+        b[pos:pos + len(new)] = new
+        if fix_crc:
+            b[HO["crc32"]:HO["crc32"] + 4] = struct.pack("<I", zlib.crc32(bytes(b[F.CRC_START:])))
+        return xor_patches(data, b)
+
+    u32 = lambda v: struct.pack("<I", v)   # noqa: E731
+    rec = lambda i: h["tensors_off"] + i * F.TENSOR_BYTES   # noqa: E731
+    w, b = plan.tensor_index("fc1.weight"), plan.tensor_index("fc1.bias")
+    rows, cols = plan.tensors[w]["shape"]
+    return [
+        ("empty", 0, [], b""),
+        ("4 bytes", 4, [], b""),
+        ("header only", F.HEADER_BYTES, [], b""),
+        ("half", len(data) // 2, [], b""),
+        ("one byte short", len(data) - 1, [], b""),
+        ("bad magic", -1, set_bytes(0, b"XXXX", False), b""),
+        ("version 99", -1, set_bytes(HO["version"], b"\x63\x00", False), b""),
+        ("bit 3 flipped in the tensor table", -1, [(rec(0) + 5, 8)], b""),
+        ("bit 0 flipped in the op list", -1, [(h["ops_off"] + 1, 1)], b""),
+        ("bit 7 flipped in the last byte", -1, [(len(data) - 1, 128)], b""),
+        ("size field too big", -1, set_bytes(HO["file_bytes"], u32(len(data) + 4), False), b""),
+        ("one trailing byte", -1, [], b"\x00"),
+        ("1000 trailing bytes", -1, [], b"x" * 1000),
+        ("lr NaN", -1, set_bytes(HO["lr"], struct.pack("<f", float("nan"))), b""),
+        ("momentum 1", -1, set_bytes(HO["momentum"], struct.pack("<f", 1.0)), b""),
+        ("arena 8 bytes", -1, set_bytes(HO["arena_bytes"], u32(8)), b""),
+        ("section past the end", -1, set_bytes(HO["data_off"], u32(len(data) + 64)), b""),
+        ("op code 200", -1, set_bytes(h["ops_off"], b"\xc8"), b""),
+        ("tensor dtype 9", -1, set_bytes(rec(0) + TO["dtype"], b"\x09"), b""),
+        ("input tensor 999", -1, set_bytes(HO["input_tensor"], struct.pack("<H", 999)), b""),
+        ("fc1.weight dims swapped", -1, set_bytes(rec(w) + TO["dim0"], u32(cols) + u32(rows)), b""),
+        ("fc1.weight name out of range", -1, set_bytes(rec(w) + TO["name"], u32(h["names_bytes"] + 8)), b""),
+        ("two parameters in the same memory", -1,
+         set_bytes(rec(b) + TO["offset"], u32(plan.tensors[w]["offset"])), b""),
+    ], set_bytes(HO["arena_bytes"], u32(64 << 20))
+
+
+def data_bad_plan():
+    plan = microtrain.compile(models.mlp(n_in=8, hidden=6, n_out=3), update="full", lr=0.05, momentum=0.9)
+    cases, huge_ram = bad_plan_cases(plan)
+    host = []
+    for name, length, patches, tail in cases:
+        with pytest.raises(ValueError) as e:
+            Core(apply_case(plan.data, length, patches, tail))
+        msg = str(e.value)
+        for prefix in ("invalid plan: ", "cannot attach RAM: "):
+            msg = msg[len(prefix):] if msg.startswith(prefix) else msg
+        host.append(msg)
+    # a valid plan that asks for 64 MB of RAM: it loads on the host, and is more than either target's heap
+    Core(apply_case(plan.data, -1, huge_ram, b""))
+    return dict(PLAN=plan.data, CASES=cases, HOST_MESSAGES=host, HUGE_RAM=huge_ram)
+
+
+def data_bad_args():
+    ce = microtrain.compile(models.mlp(n_in=8, hidden=6, n_out=3), update="full", lr=0.05, momentum=0.9)
+    mse = microtrain.compile(models.mlp(n_in=8, hidden=6, n_out=3, seed=3), update="full", loss="mse",
+                             lr=0.05, momentum=0.9, batch=2)
+    return dict(PLAN_CE=ce.data, PLAN_MSE=mse.data)
+
+
+def data_api():
+    plan = microtrain.compile(models.cnn(seed=4, hw=6, n_out=3), update="last:2", lr=0.05, momentum=0.9)
+    r = plan.report()
+    info = {k: r[k] for k in ("arena_bytes", "naive_bytes", "param_bytes", "const_bytes", "macs_per_step",
+                              "ops", "ram_bytes", "plan_bytes", "batch", "loss")}
+    info.update(tensors=len(r["tensors"]), steps=0, updates=0)
+    assert r["const_bytes"] > 0   # frozen layers: every figure is something
+    x, y = learnable(np.random.default_rng(4), 2, 72, 3)
+    x = x.reshape(2, 2, 6, 6)
+    sim = microtrain.Simulator(plan)
+    init = params_f32(sim)
+    pred0 = sim.predict(x)
+    for i in range(5):
+        sim.step(x[i % 2], y[i % 2])
+    pred5 = sim.predict(x)
+    one = microtrain.compile(models.mlp(n_in=4, hidden=3, n_out=1), update="full", loss="mse", lr=0.1)
+    return dict(PLAN=plan.data, HOST_INFO=info, HOST_LR=f32([r["lr"]]),
+                HOST_LENS=[sim.n_in, int(np.prod(sim.output_shape)), 1], FORMAT_VERSION=F.VERSION,
+                X=f32(x), Y=[int(v) for v in y], HOST_INIT=init, HOST_PRED0=f32(pred0), HOST_PRED5=f32(pred5),
+                PLAN_ONE_TARGET=one.data)
+
+
+DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "noalloc": data_noalloc,
+        "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api}
+
+
+def header(name, values):
+    lines = ["# Generated by tests/test_micropython.py: data for tests/micropython/%s.py, computed on the host." % name,
+             "# Do not edit; the test body starts after the data."]
+    lines += ["%s = %r" % (k, v) for k, v in values.items()]
+    return "\n".join(lines) + "\n\n"
+
+
+# ---- running ---------------------------------------------------------------------------------
+
+
+def test_every_template_has_expected_output_and_data():
+    """Runs without MicroPython: the templates, their .exp files and DATA agree."""
+    names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(TEMPLATES, "*.py")))
+    assert names == sorted(DATA)
+    for n in names:
+        exp = open(os.path.join(TEMPLATES, n + ".py.exp")).read()
+        assert exp.endswith("\n") and "Traceback" not in exp, n
+
+
+_generated = []
+
+
+def generate():
+    """build/mptests/<name>.py (data + template) and <name>.py.exp; returns the .py paths.
+    Once per session, and only for a port that is not skipped."""
+    if _generated:
+        return _generated
+    if os.path.isdir(OUT):
+        shutil.rmtree(OUT)
+    os.makedirs(OUT)
+    paths = []
+    for name, make in DATA.items():
+        body = open(os.path.join(TEMPLATES, name + ".py")).read()
+        path = os.path.join(OUT, name + ".py")
+        with open(path, "w") as f:
+            f.write(header(name, make()) + body)
+        shutil.copyfile(os.path.join(TEMPLATES, name + ".py.exp"), path + ".exp")
+        paths.append(path)
+    _generated.extend(paths)
+    return paths
+
+
+def need_firmware(port):
+    if not os.path.isfile(os.path.join(MICROPY_DIR, "py", "mpconfig.h")):
+        pytest.skip("no MicroPython checkout at %s; set MICROPY_DIR (see firmware/README.md)" % MICROPY_DIR)
+    fw = FIRMWARE[port]
+    if not os.path.isfile(fw):
+        pytest.skip("no %s firmware at %s; run `make firmware`" % (port, os.path.relpath(fw, ROOT)))
+    if port == "qemu":
+        if shutil.which("qemu-system-arm") is None:
+            pytest.skip("qemu-system-arm not found (Debian/Ubuntu: apt-get install qemu-system-arm)")
+        try:
+            import serial  # noqa: F401  run-tests.py talks to qemu's serial pty with pyserial
+        except ImportError:
+            pytest.skip("run-tests.py needs pyserial to talk to qemu (pip install pyserial)")
+    # a firmware older than the module's sources (the files its make rule depends on) tests old code
+    sources = [p for pattern in ("*.c", "*.h", "micropython.mk")
+               for p in glob.glob(os.path.join(MODULE_SOURCES, pattern))]
+    newer = sorted(os.path.basename(p) for p in sources if os.path.getmtime(p) > os.path.getmtime(fw))
+    if newer:
+        pytest.fail("%s is older than modules/microtrain/%s; run `make firmware`"
+                    % (os.path.relpath(fw, ROOT), ", ".join(newer)), pytrace=False)
+    return fw
+
+
+@pytest.mark.parametrize("port", ["unix", "qemu"])
+def test_micropython(port):
+    fw = need_firmware(port)
+    mptests = generate()
+    results = os.path.join(ROOT, "build", "mptests-results", port)
+    if os.path.isdir(results):
+        shutil.rmtree(results)
+    os.makedirs(results)
+    env = dict(os.environ)
+    if port == "unix":
+        env["MICROPY_MICROPYTHON"] = fw
+        target = ["-t", "unix"]
+    else:
+        target = ["-t", "execpty:" + QEMU_CMD % fw, "-j", "1"]
+    env.setdefault("MICROPY_TEST_TIMEOUT", "60")   # per test; qemu is an emulated board
+    tests_dir = os.path.join(MICROPY_DIR, "tests")
+    cmd = [sys.executable, os.path.join(tests_dir, "run-tests.py")] + target + ["--result-dir", results] + mptests
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, cwd=tests_dir, env=env, capture_output=True, text=True, timeout=900)
+    took = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    summary = os.path.join(results, "_results.json")
+    assert os.path.isfile(summary), "run-tests.py wrote no results (rc %d):\n%s" % (r.returncode, out)
+    status = {os.path.basename(f): s for f, s, *_ in json.load(open(summary))["results"]}
+    failed = sorted(n for n in status if status[n] != "pass")
+    missing = sorted(set(os.path.basename(p) for p in mptests) - set(status))
+    if failed or missing or r.returncode != 0:
+        report = ["run-tests.py on %s (rc %d, %.0f s): not passed: %s%s" % (
+            port, r.returncode, took, ", ".join("%s (%s)" % (n, status[n]) for n in failed),
+            "; never run: " + ", ".join(missing) if missing else ""), out]
+        for n in failed:
+            for o in glob.glob(os.path.join(results, "*_" + n + ".out")):
+                exp = o[:-4] + ".exp"
+                expected = open(exp).read().splitlines() if os.path.exists(exp) else []
+                got = open(o, errors="replace").read().splitlines()
+                report += ["---- %s" % n] + list(difflib.unified_diff(expected, got, "expected", port, lineterm=""))
+        pytest.fail("\n".join(report), pytrace=False)
+    print("%s: %d tests passed in %.1f s" % (port, len(status), took))

@@ -1,0 +1,112 @@
+"""The training graph's structure: pruning, views, dead branches, in-place ops."""
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import microtrain
+
+import models
+
+
+def ops_of(plan):
+    return [o["op"] for o in plan.ops]
+
+
+def conv_gap_flatten(seed=0):
+    """No Gemm: the output is Flatten's view of the pooled conv output."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.5, (3, 2, 3, 3)).astype(np.float32)
+    b = rng.normal(0, 0.1, 3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("GlobalAveragePool", ["c"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["y"], name="flat")]
+    g = helper.make_graph(nodes, "cgf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), w, b
+
+
+def test_model_whose_output_is_a_view_trains_like_pytorch():
+    m, w, b = conv_gap_flatten()
+    sim = microtrain.Simulator(microtrain.compile(m, update="full", lr=0.1, momentum=0.9))
+    conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.copy_(torch.tensor(w))
+        conv.bias.copy_(torch.tensor(b))
+    opt = torch.optim.SGD(conv.parameters(), lr=0.1, momentum=0.9)
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        x, y = rng.normal(size=(2, 5, 5)).astype(np.float32), int(rng.integers(3))
+        out = conv(torch.tensor(x)[None]).mean((2, 3))
+        loss = torch.nn.functional.cross_entropy(out, torch.tensor([y]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert abs(sim.step(x, y) - loss.item()) <= 1e-4 * max(1.0, abs(loss.item()))
+    p = sim.params()
+    assert np.abs(p["w"] - conv.weight.detach().numpy()).max() <= 1e-4 * np.abs(p["w"]).max()
+
+
+def test_last_layer_prunes_every_input_gradient():
+    plan = microtrain.compile(models.cnn(), update="last-layer")
+    ops = ops_of(plan)
+    assert ops.count("GEMM_BWD_WEIGHT") == 1 and ops.count("BIAS_BWD") == 1
+    assert not [o for o in ops if o.endswith("BWD_INPUT") or o in ("CLIP_BWD", "MAXPOOL_BWD", "GAP_BWD")]
+
+
+def test_bias_update_trains_no_weight_and_stops_at_the_first_layer():
+    plan = microtrain.compile(models.cnn(), update="bias")
+    ops = ops_of(plan)
+    assert "CONV2D_BWD_WEIGHT" not in ops and "GEMM_BWD_WEIGHT" not in ops
+    assert ops.count("BIAS_BWD") == 4
+    # the first conv's input gradient is never needed: nothing upstream trains
+    first_conv_input = plan.tensor_index("x")
+    assert not any(o["op"] == "CONV2D_BWD_INPUT" and plan.tensors[o["slots"][2]]["name"] == "d(x)"
+                   for o in plan.ops)
+    assert first_conv_input is not None
+    assert set(plan.params()) == {"c1.bias", "dw.bias", "pw.bias", "fc.bias"}
+
+
+def test_frozen_weights_stay_in_constants_and_unchanged():
+    sim = microtrain.Simulator(microtrain.compile(models.cnn(), update="last:2", lr=0.5))
+    frozen = {t["name"] for t in sim.plan.tensors if t["storage"] == "CONST"}
+    assert {"c1.weight", "c1.bias", "dw.weight", "dw.bias"} <= frozen
+    assert set(sim.params()) == {"pw.weight", "pw.bias", "fc.weight", "fc.bias"}
+
+
+def test_dead_branch_is_dropped():
+    m = models.mlp()
+    m.graph.node.append(helper.make_node("Relu", ["h"], ["unused"], name="dead_relu"))
+    plan = microtrain.compile(m, update="full")
+    assert "unused" not in [t["name"] for t in plan.tensors]
+
+
+def test_shared_trainable_weight_is_refused_and_frozen_sharing_is_fine():
+    m = models.mlp(n_in=5, hidden=5, n_out=5)
+    nodes = list(m.graph.node)
+    nodes.append(helper.make_node("Gemm", ["y", "fc1.weight"], ["z"], transB=1, name="reuse"))
+    m.graph.ClearField("node")
+    m.graph.node.extend(nodes)
+    m.graph.output[0].name = "z"
+    with pytest.raises(ValueError, match="shared by 2 nodes"):
+        microtrain.compile(m, update="full")
+    plan = microtrain.compile(m, update=["fc2.weight"])
+    assert plan.params() == ["fc2.weight"]
+
+
+def test_relu_and_residual_add_run_in_place():
+    r = microtrain.compile(models.cnn(), update="last-layer").report()
+    t = {x["name"]: x for x in r["tensors"]}
+    assert t["a_r"]["memory_of"] == "a" and t["c_r"]["memory_of"] == "c"   # Relu over its input
+    assert t["s"]["memory_of"] in ("a", "b")                                 # Add over a dead input
+
+
+def test_momentum_buffers_only_when_momentum_is_on():
+    names = lambda p: {t["name"] for t in p.tensors}   # noqa: E731
+    assert not any(n.startswith("mom(") for n in names(microtrain.compile(models.mlp(), update="full")))
+    with_m = names(microtrain.compile(models.mlp(), update="full", momentum=0.5))
+    assert {"mom(fc1.weight)", "mom(fc2.bias)"} <= with_m
+    batched = names(microtrain.compile(models.mlp(), update="full", batch=4))
+    assert {"acc(fc1.weight)", "acc(fc2.bias)"} <= batched
