@@ -110,3 +110,12 @@ def test_momentum_buffers_only_when_momentum_is_on():
     assert {"mom(fc1.weight)", "mom(fc2.bias)"} <= with_m
     batched = names(microtrain.compile(models.mlp(), update="full", batch=4))
     assert {"acc(fc1.weight)", "acc(fc2.bias)"} <= batched
+
+
+def test_naive_planner_keeps_every_tensor_readable():
+    sim = microtrain.Simulator(microtrain.compile(models.mlp(), update="full", planner="naive", batch=2))
+    x = np.random.default_rng(0).normal(size=6).astype(np.float32)
+    sim.step(x, 1)
+    h, r = sim.tensor("h"), sim.tensor("r")
+    assert (h < 0).any() and np.array_equal(r, np.maximum(h, 0))   # pre- and post-ReLU both intact
+    assert not any(t["memory_of"] for t in sim.plan.report()["tensors"])

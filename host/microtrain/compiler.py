@@ -32,7 +32,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     initializer names. loss: "cross-entropy" (softmax fused) or "mse".
     batch: samples per update (1 updates after every sample). planner:
     "greedy" shares arena memory between tensors whose lifetimes do not
-    overlap; "naive" gives every tensor its own memory (for debugging).
+    overlap and runs element-wise ops in place; "naive" gives every tensor its
+    own memory, so all of them can be read after a step (for debugging).
     guard: bytes left free around every arena tensor (for memory tests).
     """
     if loss not in LOSSES:
@@ -48,7 +49,9 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         raise ValueError("batch must be a whole number from 1 to 65535, got %r" % (batch,))
     graph = import_onnx(model, loss)
     trainable = resolve_update(graph, update)
-    tensors, ops = build_training(graph, trainable, loss, batch, momentum)
+    # "naive" memory shares nothing, not even between an op's input and output, so that
+    # every tensor can be read after a step (debugging, tests)
+    tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive")
     out = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["OUTPUT"])
     inp = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["INPUT"])
     tgt = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["TARGET"])

@@ -75,8 +75,9 @@ class Simulator:
         return self._state("PARAM")
 
     def grads(self):
-        """Accumulated gradients of the current batch (only when batch > 1: with
-        batch 1 each gradient is fused into its update and never stored)."""
+        """The sum of the per-sample gradients seen so far in the current batch
+        (the update at the batch's end applies their mean). Only when batch > 1:
+        with batch 1 each gradient is fused into its update and never stored."""
         if self.plan.header["batch"] == 1:
             raise ValueError("with batch 1 gradients are applied as they are computed and never stored; "
                              "compile with batch > 1 to read them")

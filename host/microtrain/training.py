@@ -56,12 +56,13 @@ def f32_bits(v):
 
 
 class Builder:
-    def __init__(self, graph: Graph, trainable, loss, batch, momentum):
+    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True):
         self.g = graph
         self.trainable = set(trainable)
         self.loss = loss
         self.batch = batch
         self.momentum = momentum
+        self.allow_inplace = inplace
         self.tensors = []
         self.index = {}             # value name -> tensor index
         self.ops = []
@@ -164,7 +165,8 @@ class Builder:
             if self.batch > 1:
                 m, acc = self.opt[pname]
                 self.op("SGD", "BATCH_END", [self.index[pname], m, acc], source=pname)
-        self.inplace()
+        if self.allow_inplace:
+            self.inplace()
         return self.tensors, self.ops
 
     def forward(self, n):
@@ -286,9 +288,10 @@ def macs_total(ops):
     return sum(o.macs for o in ops)
 
 
-def build_training(graph, trainable, loss, batch, momentum):
+def build_training(graph, trainable, loss, batch, momentum, inplace=True):
+    """(tensors, ops) of the training step. inplace=False gives every value its own tensor memory."""
     if not trainable:
         raise ValueError("nothing to train: the update selection names no parameter")
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
-    return Builder(graph, trainable, loss, batch, momentum).build()
+    return Builder(graph, trainable, loss, batch, momentum, inplace).build()

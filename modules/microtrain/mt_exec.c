@@ -99,7 +99,6 @@ int mt_op_run(mt_ctx_t *ctx, const mt_op_t *op) {
         }
         case MT_OP_SGD:
             sink = sink_of(ctx, op, MT_SGD_W);
-            sink.acc = NULL;   /* the kernel drains the accumulator into an applied update */
             sink.scale = 1.0f / (float)ctx->batch;
             mt_k_sgd(op, &sink);
             break;
