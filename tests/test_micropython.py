@@ -12,7 +12,7 @@ qemu has no filesystem, so everything a test needs (plans, samples, and what
 the host simulator computed from them: parameters after 50 steps, losses,
 predictions, report figures) travels inside the script. This file compiles the
 plans, runs the host simulator, and writes build/mptests/<name>.py = a data
-header + the template, with the .exp next to it. Each port is one test here;
+header, the shared _prelude.py and the template, with the .exp next to it. Each port is one test here;
 a failure shows run-tests.py's output and the diff of each failing test.
 """
 import difflib
@@ -238,7 +238,7 @@ def header(name, values):
 
 def test_every_template_has_expected_output_and_data():
     """Runs without MicroPython: the templates, their .exp files and DATA agree."""
-    names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(TEMPLATES, "*.py")))
+    names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(TEMPLATES, "[!_]*.py")))
     assert names == sorted(DATA)
     for n in names:
         exp = open(os.path.join(TEMPLATES, n + ".py.exp")).read()
@@ -257,11 +257,12 @@ def generate():
         shutil.rmtree(OUT)
     os.makedirs(OUT)
     paths = []
+    prelude = open(os.path.join(TEMPLATES, "_prelude.py")).read()
     for name, make in DATA.items():
         body = open(os.path.join(TEMPLATES, name + ".py")).read()
         path = os.path.join(OUT, name + ".py")
         with open(path, "w") as f:
-            f.write(header(name, make()) + body)
+            f.write(header(name, make()) + prelude + "\n\n" + body)
         shutil.copyfile(os.path.join(TEMPLATES, name + ".py.exp"), path + ".exp")
         paths.append(path)
     _generated.extend(paths)

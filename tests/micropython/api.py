@@ -12,29 +12,6 @@
 #   HOST_INIT        the plan's initial parameters (float32 bytes)
 #   HOST_PRED0       the host's outputs for X before training, HOST_PRED5 after 5 steps
 #   PLAN_ONE_TARGET  MLP with one output, mse
-import microtrain
-from array import array
-
-TOL = 1e-5
-
-
-def close(a, b):
-    """|a - b| <= 1e-5 * max(1, |b|) everywhere (False for NaN or different lengths)."""
-    return len(a) == len(b) and all(abs(u - v) <= TOL * max(1.0, abs(v)) for u, v in zip(a, b))
-
-
-def same(a, b):
-    """Bit for bit."""
-    return bytes(a) == bytes(b)
-
-
-def call(what, f, *args):
-    try:
-        f(*args)
-    except Exception as e:
-        print(what + ":", type(e).__name__ + ":", e)
-    else:
-        print(what + ": no error")
 
 
 def predict_both(t):

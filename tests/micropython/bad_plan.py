@@ -9,8 +9,6 @@
 #   CASES          (name, keep the first n bytes or -1, [(position, xor mask)], bytes to append)
 #   HOST_MESSAGES  the host's message for each case
 #   HUGE_RAM       patches that make PLAN ask for 64 MB of RAM (CRC fixed)
-import gc
-import microtrain
 
 
 def make(length, patches, tail):
