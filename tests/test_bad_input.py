@@ -249,3 +249,4 @@ def test_cli_reports_errors_without_a_traceback(tmp_path, plan_bytes):
         r = subprocess.run([sys.executable, "-m", "microtrain"] + args, capture_output=True, text=True, env=env)
         assert r.returncode == 2
         assert "error:" in r.stderr and pattern in r.stderr and "Traceback" not in r.stderr
+

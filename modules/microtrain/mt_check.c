@@ -47,7 +47,7 @@ static int check_conv(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t 
         return 0;
     }
     uint32_t C = x->dim[1], O = w->dim[0];
-    if (C % (uint32_t)g != 0 || O % (uint32_t)g != 0 || w->dim[1] * (uint32_t)g != C || y->dim[1] != O) {
+    if (C % (uint32_t)g != 0 || O % (uint32_t)g != 0 || (uint64_t)w->dim[1] * (uint64_t)g != C || y->dim[1] != O) {
         return 0;
     }
     return out_extent(x->dim[2], a[2], a[4], w->dim[2], a[6], a[0], 0) == (int64_t)y->dim[2]
