@@ -31,6 +31,17 @@ def check(what, err):
         print("  worst relative difference", err)
 
 
+def check_params(params, host):
+    """Every parameter within TOL of the host's; names any that differ."""
+    err = 0.0
+    for name in sorted(host):
+        e = worst(params.get(name, array("f")), array("f", host[name]))
+        if not e <= TOL:
+            print("  ", name, "differs")
+        err = max(err, e) if e == e else float("inf")
+    check("params match the host", err)
+
+
 def same(a, b):
     """Bit for bit."""
     return bytes(a) == bytes(b)

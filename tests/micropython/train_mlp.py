@@ -24,10 +24,4 @@ print("losses decrease", sum(losses[-10:]) < sum(losses[:10]))
 p = t.params()
 print("parameter names match", sorted(p) == sorted(HOST_PARAMS))
 print("all float32 arrays", all(type(v) is array and len(bytes(v)) == 4 * len(v) for v in p.values()))
-err = 0.0
-for name in sorted(HOST_PARAMS):
-    e = worst(p.get(name, array("f")), array("f", HOST_PARAMS[name]))
-    if not e <= TOL:
-        print("  ", name, "differs")
-    err = max(err, e) if e == e else float("inf")
-check("params match the host", err)
+check_params(p, HOST_PARAMS)
