@@ -90,6 +90,31 @@ class Importer:
                     self.uses[i] = self.uses.get(i, 0) + 1
         for o in self.g.output:
             self.uses[o.name] = self.uses.get(o.name, 0) + 1
+        self.param_uses = self.scan()
+        self.origins = {}     # IR parameter -> {"init": ONNX initializer, "folds": [what changed its value]}
+
+    def scan(self):
+        """How many nodes that compute on activations read each initializer, directly or through
+        a Transpose that is folded away (nodes that only compute constants are evaluated here and
+        do not count: an Identity of an initializer, which is how the TorchScript exporter writes
+        two parameters that happen to be equal, makes a copy, not a use)."""
+        const = {t.name for t in self.g.initializer}
+        source = {}
+        uses = {}
+        for n in self.g.node:
+            ins = [i for i in n.input if i]
+            if n.op_type in ("Constant", "Shape") or (all(i in const for i in ins)
+                                                      and n.op_type not in ("Softmax", "LogSoftmax")) \
+                    or (n.op_type == "CastLike" and ins and ins[0] in const):
+                const.update(o for o in n.output if o)
+                if n.op_type == "Transpose" and len(ins) == 1:
+                    source[n.output[0]] = source.get(ins[0], ins[0])
+                continue
+            for i in ins:
+                if i in const:
+                    i = source.get(i, i)
+                    uses[i] = uses.get(i, 0) + 1
+        return uses
 
     # ---- helpers ----
     def r(self, name):
@@ -119,11 +144,28 @@ class Importer:
         self.acts[name] = tuple(int(d) for d in onnx_shape)
         self.values[name] = Value(name, shape, tuple(int(d) for d in onnx_shape), view_of=view_of)
 
-    def param(self, name, data, onnx_shape):
-        """A float32 constant the IR keeps (weight, bias), in internal shape."""
-        if name not in self.values:
-            self.values[name] = Value(name, data.shape, tuple(onnx_shape), data=np.ascontiguousarray(data, np.float32))
-        return name
+    def param(self, name, data, onnx_shape, node=None, fold=None):
+        """A float32 constant the IR keeps (weight, bias), in internal shape, named after the
+        initializer `name` it comes from. Used as it is, it is one value however many layers use
+        it (tied weights). Folded (fold says how: Gemm alpha, BatchNormalization, a broadcast),
+        it keeps that name only if no other node uses the initializer; otherwise the folded copy
+        gets a name of its own, so that the fold never leaks into the other uses."""
+        ir = name
+        if fold is not None and (self.param_uses.get(name, 0) > 1 or name in self.values):
+            ir = base = "%s@%s" % (name, node.name or node.output[0])
+            k = 1
+            while ir in self.values:
+                k += 1
+                ir = "%s#%d" % (base, k)
+        if ir not in self.values:
+            self.values[ir] = Value(ir, data.shape, tuple(onnx_shape), data=np.ascontiguousarray(data, np.float32))
+            self.origins[ir] = {"init": name, "folds": [fold] if fold else []}
+        return ir
+
+    def exclusive(self, ir):
+        """Whether IR parameter `ir` may be changed in place: its initializer feeds one node only."""
+        return ir is None or (self.param_uses.get(self.origins[ir]["init"], 0) <= 1
+                              and sum(1 for n in self.nodes if ir in n.inputs) <= 1)
 
     def emit(self, op, inputs, output, attrs, node, onnx_shape):
         self.add_act(output, onnx_shape, _where(node))
@@ -181,6 +223,7 @@ class Importer:
                 used.add(v.view_of)
                 v = self.values[v.view_of]
         graph.values = {k: v for k, v in self.values.items() if k in used}
+        graph.origins = {k: o for k, o in self.origins.items() if k in used}
         return graph
 
     def visit(self, node):
@@ -302,7 +345,6 @@ class Importer:
         alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
         if alpha != 1.0:
             W = W * np.float32(alpha)
-            self.notes.append("%s: alpha=%g folded into the weight" % (_where(node), alpha))
         O = W.shape[0] if layout == 0 else W.shape[1]
         K = W.shape[1] if layout == 0 else W.shape[0]
         if K != self.acts[x][1]:
@@ -310,23 +352,26 @@ class Importer:
         bname = None
         if len(ins) > 2 and ins[2]:
             C = self.const(node, ins[2], "the Gemm bias C").astype(np.float32)
-            bname = self.bias_param(node, ins[2], C * np.float32(beta), O)
+            bname = self.bias_param(node, ins[2], C * np.float32(beta), O, fold="beta=%g" % beta if beta != 1 else None)
             if beta != 1.0:
-                self.notes.append("%s: beta=%g folded into the bias" % (_where(node), beta))
-        wname = self.param(ins[1], W, self.consts[ins[1]].shape)
+                self.notes.append("%s: beta=%g folded into the bias %r" % (_where(node), beta, bname))
+        wname = self.param(ins[1], W, self.consts[ins[1]].shape, node, "alpha=%g" % alpha if alpha != 1 else None)
+        if alpha != 1.0:
+            self.notes.append("%s: alpha=%g folded into the weight %r" % (_where(node), alpha, wname))
         self.emit("gemm", [x, wname, bname], node.output[0], {"w_layout": layout}, node, [self.acts[x][0], O])
 
-    def bias_param(self, node, name, C, O, out_rank=2):
+    def bias_param(self, node, name, C, O, out_rank=2, fold=None):
         """C broadcast onto a layer output (N, O, ...) of rank out_rank must vary along O only."""
         full = (1,) * (out_rank - C.ndim) + tuple(C.shape) if C.ndim <= out_rank else None
         if full is None or any(d != 1 for i, d in enumerate(full) if i != 1):
             raise UnsupportedModel("%s: bias of shape %s does not broadcast per output channel onto an output of "
                                    "rank %d with %d channels" % (_where(node), C.shape, out_rank, O))
         if C.size == O:
-            return self.param(name, C.reshape(O), C.shape)
+            return self.param(name, C.reshape(O), C.shape, node, fold)
         if C.size == 1:
             self.notes.append("%s: scalar bias broadcast to %d outputs" % (_where(node), O))
-            return self.param(name, np.full(O, C.reshape(()), np.float32), (O,))
+            return self.param(name, np.full(O, C.reshape(()), np.float32), (O,), node,
+                              "broadcast to %d" % O + (", " + fold if fold else ""))
         raise UnsupportedModel("%s: bias of shape %s does not broadcast per output (%d)" % (_where(node), C.shape, O))
 
     def op_MatMul(self, node, ins):
@@ -516,18 +561,23 @@ class Importer:
         s = scale / np.sqrt(var + float(a.get("epsilon", 1e-5)))
         shift = bias - mean * s
         prod = self.producer.get(x)
+        # folded into the layer before only if that layer's weight and bias are its own: a weight
+        # shared with another layer stays as it is, and this becomes a layer of its own (below)
         foldable = (prod is not None and prod.op in ("conv", "gemm") and self.uses.get(x, 0) == 1
-                    and sum(1 for n in self.nodes if prod.inputs[1] in n.inputs) == 1)
+                    and self.exclusive(prod.inputs[1]) and self.exclusive(prod.inputs[2]))
+        how = "BatchNormalization '%s'" % (node.name or node.output[0])
         if foldable:
             w = self.values[prod.inputs[1]]
             shape = [-1, 1, 1, 1] if prod.op == "conv" else ([-1, 1] if prod.attrs["w_layout"] == 0 else [1, -1])
             w.data = (w.data.astype(np.float64) * s.reshape(shape)).astype(np.float32)
+            self.origins[prod.inputs[1]]["folds"].append(how)
             b = self.values[prod.inputs[2]].data.astype(np.float64) if prod.inputs[2] else 0.0
             newb = (b * s + shift).astype(np.float32)
             if prod.inputs[2]:
                 self.values[prod.inputs[2]].data = newb
+                self.origins[prod.inputs[2]]["folds"].append(how)
             else:
-                prod.inputs[2] = self.param(ins[2], newb, newb.shape)
+                prod.inputs[2] = self.param(ins[2], newb, newb.shape, node, how + " (as the layer's bias)")
             self.alias[node.output[0]] = x
             self.notes.append("%s folded into '%s'" % (_where(node), prod.onnx_name))
             return
@@ -537,8 +587,9 @@ class Importer:
                                    "4-D input; got %s" % (_where(node), xs))
         # a per-channel scale and shift is a 1x1 depthwise convolution
         C = xs[1]
-        wname = self.param(ins[1], s.astype(np.float32).reshape(C, 1, 1, 1), (C, 1, 1, 1))
-        bname = self.param(ins[2], shift.astype(np.float32), (C,))
+        wname = self.param(ins[1], s.astype(np.float32).reshape(C, 1, 1, 1), (C, 1, 1, 1), node,
+                           how + " scale / sqrt(var + epsilon)")
+        bname = self.param(ins[2], shift.astype(np.float32), (C,), node, how + " bias - mean * scale")
         attrs = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=C)
         self.emit("conv", [x, wname, bname], node.output[0], attrs, node, xs)
         self.notes.append("%s became a per-channel scale and shift (1x1 depthwise conv)" % _where(node))
