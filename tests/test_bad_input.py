@@ -266,3 +266,18 @@ def test_cross_entropy_needs_one_score_per_class():
     sim = microtrain.Simulator(microtrain.compile(m, update="full", loss="mse"))
     assert sim.output_shape == (3, 8, 8)
 
+
+def test_every_unsupported_node_is_listed_at_once_grouped_by_op_type():
+    m = models.mlp()
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((1,), np.float32), "one"))
+    for k, op in enumerate(["Sigmoid", "Tanh", "Sigmoid", "Sub", "Sigmoid"]):
+        m = models.with_node(m, helper.make_node(op, ["in"] + (["one"] if op == "Sub" else []), ["out"],
+                                                 name="n%d_%s" % (k, op)))
+    with pytest.raises(NotImplementedError) as e:
+        microtrain.compile(m, update="full")
+    lines = str(e.value).splitlines()
+    assert lines[0] == "the model has 5 nodes microtrain does not support:"
+    assert lines[1].startswith("  Sigmoid x3: 'n0_Sigmoid', 'n2_Sigmoid', 'n4_Sigmoid'")
+    assert lines[2] == "  Tanh x1: 'n1_Tanh'"
+    assert lines[3].startswith("  Sub x1: 'n3_Sub' (to normalise inputs")
+    assert lines[4].startswith("microtrain supports: Conv, Gemm") and len(lines) == 5

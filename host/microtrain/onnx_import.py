@@ -22,6 +22,22 @@ SUPPORTED = ("Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "MaxPool", "Averag
              "and any op whose inputs are all constants")
 
 
+# what to do instead, for ops people bring from MCU models
+SUGGESTIONS = {
+    "Sub": "to normalise inputs, apply (x - mean) / std to the data before it reaches microtrain",
+    "Div": "to normalise inputs, apply (x - mean) / std to the data before it reaches microtrain",
+    "Mul": "to scale inputs, scale the data before it reaches microtrain",
+    "Transpose": "only weights may be transposed; keep activations in (N, C, H, W) order",
+    "LSTM": "recurrent layers are not supported; a Conv1d over time often replaces them",
+    "GRU": "recurrent layers are not supported; a Conv1d over time often replaces them",
+    "RNN": "recurrent layers are not supported; a Conv1d over time often replaces them",
+    "QuantizeLinear": "export the float model; microtrain plans are float32",
+    "DequantizeLinear": "export the float model; microtrain plans are float32",
+    "Sigmoid": "for a two-class output use two logits and cross-entropy, or --loss mse",
+    "ConvTranspose": "not supported; upsample with Conv layers on the host side instead",
+}
+
+
 class UnsupportedModel(NotImplementedError):
     pass
 
@@ -116,6 +132,22 @@ class Importer:
                     uses[i] = uses.get(i, 0) + 1
         return uses
 
+    def supported(self, node):
+        return node.domain in ("", "ai.onnx") and hasattr(self, "op_" + node.op_type)
+
+    @staticmethod
+    def unsupported_message(bad):
+        """Every node microtrain cannot run ({op: [node names]}), grouped by op type, with what to
+        do where there is something to do, and the supported ops once."""
+        n = sum(map(len, bad.values()))
+        lines = ["the model has %d node%s microtrain does not support:" % (n, "" if n == 1 else "s")]
+        for op, names in bad.items():
+            shown = ", ".join("'%s'" % n for n in names[:6]) + (", ... (%d more)" % (len(names) - 6) if len(names) > 6 else "")
+            hint = SUGGESTIONS.get(op.split(" ")[0])
+            lines.append("  %s x%d: %s%s" % (op, len(names), shown, " (%s)" % hint if hint else ""))
+        lines.append("microtrain supports: %s" % ", ".join(SUPPORTED))
+        return "\n".join(lines)
+
     # ---- helpers ----
     def r(self, name):
         while name in self.alias:
@@ -203,8 +235,22 @@ class Importer:
         self.batch = shape[0]
         self.add_act(inp.name, shape, "model input '%s'" % inp.name)
         self.input = inp.name
+        # every unsupported node at once: past one, the nodes that depend on it are only checked
+        # for support (their inputs are unknown), the others imported as usual
+        bad, unknown = {}, set()
         for node in self.g.node:
-            self.visit(node)
+            downstream = any(self.r(i) in unknown for i in node.input if i)
+            if not self.supported(node) and (downstream or not self.computes_constant(node)):
+                key = node.op_type if node.domain in ("", "ai.onnx") else "%s (domain '%s')" % (node.op_type,
+                                                                                                 node.domain)
+                bad.setdefault(key, []).append(node.name or node.output[0])
+                unknown.update(node.output)
+            elif downstream:
+                unknown.update(node.output)
+            else:
+                self.visit(node)
+        if bad:
+            raise UnsupportedModel(self.unsupported_message(bad))
         if len(self.g.output) != 1:
             raise UnsupportedModel("the model must have exactly one output; it has %d" % len(self.g.output))
         out = self.r(self.g.output[0].name)
@@ -226,9 +272,13 @@ class Importer:
         graph.origins = {k: o for k, o in self.origins.items() if k in used}
         return graph
 
+    def computes_constant(self, node):
+        """Whether the node only computes a constant (evaluated here, whatever its op)."""
+        ins = [self.r(i) for i in node.input if i]
+        return (node.op_type in ("Constant", "Shape") or (all(i in self.consts for i in ins)
+                                                         and node.op_type not in ("Softmax", "LogSoftmax")))
+
     def visit(self, node):
-        if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedModel("%s: domain '%s' is not supported" % (_where(node), node.domain))
         ins = [self.r(i) if i else "" for i in node.input]
         if node.op_type == "Constant":
             from onnx.reference import ReferenceEvaluator
@@ -242,11 +292,7 @@ class Importer:
         if all(i == "" or i in self.consts for i in ins) and node.op_type not in ("Softmax", "LogSoftmax"):
             self.fold(node, ins)
             return
-        handler = getattr(self, "op_" + node.op_type, None)
-        if handler is None:
-            raise UnsupportedModel("%s is not supported. microtrain supports: %s"
-                                   % (_where(node), ", ".join(SUPPORTED)))
-        handler(node, ins)
+        getattr(self, "op_" + node.op_type)(node, ins)   # run() checked that the handler exists
 
     def fold(self, node, ins):
         """Evaluate a node whose inputs are all constants, with onnx.reference."""
