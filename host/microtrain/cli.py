@@ -62,6 +62,13 @@ def _report(args):
             print("\narena picture written to %s" % args.svg)
 
 
+def load_npz(path, what):
+    try:
+        return np.load(path)
+    except (OSError, ValueError) as e:
+        raise ValueError("cannot read %s file %s: %s" % (what, path, e)) from e
+
+
 def load_data(path):
     try:
         d = np.load(path)
@@ -96,6 +103,14 @@ def _simulate(args):
         print("trained parameters written to %s" % args.save_params)
 
 
+def _export(args):
+    from .plan import load_plan
+    plan = load_plan(args.plan)
+    params = dict(load_npz(args.params, "--params"))
+    plan.export(params, args.onnx, args.output)
+    print("wrote %s: %s with the %d trained parameters of %s" % (args.output, args.onnx, len(params), args.params))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="microtrain", description="Train neural networks on microcontrollers.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -124,6 +139,12 @@ def main(argv=None):
     s.add_argument("--seed", type=int, default=0, help="shuffle seed")
     s.add_argument("--save-params", metavar="FILE.npz", help="write the trained parameters")
     s.set_defaults(func=_simulate)
+    e = sub.add_parser("export", help="write the ONNX model with trained parameters in place")
+    e.add_argument("plan")
+    e.add_argument("--params", required=True, metavar="PARAMS.npz", help="trained parameters (simulate --save-params)")
+    e.add_argument("--onnx", required=True, metavar="MODEL.onnx", help="the model the plan was compiled from")
+    e.add_argument("-o", "--output", required=True, metavar="TRAINED.onnx", help="ONNX file to write")
+    e.set_defaults(func=_export)
     args = p.parse_args(argv)
     try:
         args.func(args)

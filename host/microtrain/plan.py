@@ -212,6 +212,21 @@ class Plan:
             return i
         return [owner(i) for i in range(len(self.tensors))]
 
+    def constant(self, name):
+        """The value of a constant tensor (a frozen parameter), from the plan's data."""
+        t = self.tensors[self.tensor_index(name)]
+        if t["storage"] != "CONST":
+            raise ValueError("%r is not a constant of the plan" % name)
+        return np.frombuffer(self.data, np.float32, t["bytes"] // 4, self.header["data_off"] + t["offset"]) \
+            .reshape(t["shape"]).copy()
+
+    def export(self, params, onnx_in, onnx_out=None):
+        """Write the ONNX model the plan was compiled from (onnx_in: path, bytes or ModelProto) with
+        `params` ({name: array}, as Simulator.params() returns) in place to onnx_out; returns the
+        ModelProto. BatchNormalization-folded layers are written as the folded Conv/Gemm."""
+        from .export import export_trained
+        return export_trained(self, params, onnx_in, onnx_out)
+
     def params(self):
         """Names of the trainable parameters, in plan order."""
         return [t["name"] for t in self.tensors if t["flags"] & F.TFLAGS["PARAM"]]

@@ -74,6 +74,37 @@ class Simulator:
         """Trainable parameters now, by ONNX initializer name, in ONNX shapes."""
         return self._state("PARAM")
 
+    def set_params(self, params):
+        """Load trainable parameters ({name: array}, as params() returns them or as
+        `simulate --save-params` writes them; any subset). Every name, shape and value is
+        checked before any parameter changes. Optimizer state is left as it is."""
+        if not hasattr(params, "items"):
+            raise TypeError("set_params needs a dict {name: array} (or an npz file's contents), not %s"
+                            % type(params).__name__)
+        known = {t["name"]: i for i, t in enumerate(self.plan.tensors) if t["flags"] & F.TFLAGS["PARAM"]}
+        checked = []
+        for name, v in params.items():
+            if name not in known:
+                raise ValueError("%r is not a trainable parameter of this plan; its parameters are %s"
+                                 % (name, ", ".join(known)))
+            t = self.plan.tensors[known[name]]
+            shape = self.param_shapes.get(name, t["shape"])
+            v = np.asarray(v)
+            if v.dtype.kind not in "fiu" or v.size != int(np.prod(t["shape"])):
+                raise ValueError("parameter %r: got shape %s (%s), the plan's is %s" % (name, v.shape, v.dtype,
+                                                                                       tuple(shape)))
+            v = v.astype(np.float32).reshape(t["shape"])
+            if not np.all(np.isfinite(v)):
+                raise ValueError("parameter %r contains NaN or infinity" % name)
+            checked.append((known[name], v))
+        for i, v in checked:   # the tensor's own memory in the core's RAM
+            self.core.array(i)[...] = v
+
+    def export(self, onnx_in, onnx_out=None):
+        """The ONNX model the plan was compiled from, with the parameters trained here in place
+        (see Plan.export); written to onnx_out if given, and returned as a ModelProto."""
+        return self.plan.export(self.params(), onnx_in, onnx_out)
+
     def grads(self):
         """The sum of the per-sample gradients seen so far in the current batch
         (the update at the batch's end applies their mean). Only when batch > 1:
