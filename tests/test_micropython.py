@@ -1,6 +1,12 @@
 """The microtrain module on MicroPython itself: the unix port and the qemu
 Cortex-M7 firmware (MPS2_AN500), built by `make firmware`.
 
+These are parity checks: the device runs the same C core as the host simulator, so they
+show that the port (the binding, the compiler and the float unit of each target) computes
+what the simulator computes, within 1e-5; they are not an independent oracle. That the
+simulator computes the right thing is what the host tests check against PyTorch
+(tests/test_torch_exactness.py) and the ONNX test data.
+
 The tests are MicroPython's own kind: tests/micropython/<name>.py with its
 expected output <name>.py.exp, run by MicroPython's tests/run-tests.py, which
 sends each script to the target (a process for unix, a serial REPL for qemu)

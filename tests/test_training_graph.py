@@ -70,10 +70,24 @@ def test_bias_update_trains_no_weight_and_stops_at_the_first_layer():
 
 
 def test_frozen_weights_stay_in_constants_and_unchanged():
-    sim = microtrain.Simulator(microtrain.compile(models.cnn(), update="last:2", lr=0.5))
+    """Frozen layers' weights are plan constants and keep the ONNX model's exact values through
+    training (their input gradients are computed from them), while the trained ones move."""
+    model = models.cnn()
+    onnx_values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    trained = ["c1.bias", "pw.weight", "pw.bias", "fc.weight", "fc.bias"]
+    sim = microtrain.Simulator(microtrain.compile(model, update=trained, lr=0.5, momentum=0.9))
     frozen = {t["name"] for t in sim.plan.tensors if t["storage"] == "CONST"}
-    assert {"c1.weight", "c1.bias", "dw.weight", "dw.bias"} <= frozen
-    assert set(sim.params()) == {"pw.weight", "pw.bias", "fc.weight", "fc.bias"}
+    assert {"c1.weight", "dw.weight", "dw.bias"} <= frozen
+    assert set(sim.params()) == set(trained)
+    names = [t["name"] for t in sim.plan.tensors]   # dw's frozen weight is read by the backward
+    assert any(o["op"] == "CONV2D_BWD_INPUT" and names[o["slots"][1]] == "dw.weight" for o in sim.plan.ops)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        sim.step(rng.normal(size=(2, 8, 8)).astype(np.float32), int(rng.integers(4)))
+    for name in ("c1.weight", "dw.weight", "dw.bias"):
+        assert np.array_equal(sim.tensor(name).reshape(onnx_values[name].shape), onnx_values[name]), name
+    for name, v in sim.params().items():
+        assert not np.array_equal(v, onnx_values[name]), name + " did not train"
 
 
 def test_dead_branch_is_dropped():

@@ -1,6 +1,7 @@
 # The Trainer's interface: info() has the host report's figures, the lengths,
 # predict() matches the host simulator before and after training and accepts
-# every float32 buffer kind, reset() restores the plan's parameters, lr reads
+# every float32 buffer kind, reset() restores the plan's parameters and clears
+# the momentum (the same 5 steps after it give the host's outputs again), lr reads
 # and writes, read-only attributes stay so, plans can be bytes, bytearray or
 # an unaligned memoryview, and a one-target mse plan takes a plain number.
 #
@@ -70,10 +71,15 @@ print("reset restores the parameters", sorted(params) == sorted(HOST_INIT)
       and all(bytes(v) == HOST_INIT[k] for k, v in params.items()))
 print("reset zeroes the counters", t.info()["steps"] == 0, t.info()["updates"] == 0)
 print("predict after reset matches the host", close(predict_both(t), array("f", HOST_PRED0)))
+# the same 5 steps again: only with the momentum cleared do they end where a fresh run does
+for i in range(5):
+    t.step(xs[(i % 2) * n:(i % 2 + 1) * n], Y[i % 2])
+print("5 steps after reset match the host's first 5", close(predict_both(t), array("f", HOST_PRED5)))
+t.reset()
 params["fc.bias"][0] = 123.0
 print("params() are copies", same(t.params()["fc.bias"], HOST_INIT["fc.bias"]))
 
-# lr: float32, read and write; with lr 0 and momentum cleared by reset, nothing moves
+# lr: float32, read and write; with lr 0 nothing moves
 print("lr is the plan's", t.lr == expected["lr"])
 t.lr = 0.25
 print("lr set", t.lr == 0.25, t.info()["lr"] == 0.25)
