@@ -114,6 +114,26 @@ def data_train_cnn():
                 HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim))
 
 
+def data_train_kws():
+    """The keyword-spotting CNN of issue 5, default (dynamo) export, update full: a view feeding
+    a parameterless op, which once cut the gradient to the convolution."""
+    import tempfile
+    from oracle_models import VIEW_CASES, case_onnx
+    with tempfile.TemporaryDirectory() as d:
+        path, _ = case_onnx(VIEW_CASES["keyword_spotting"], "dynamo", d)
+        plan = microtrain.compile(path, update="full", lr=0.05, momentum=0.9)
+    assert {"CONV2D_BWD_WEIGHT", "GAP_BWD", "CLIP_BWD"} <= {o["op"] for o in plan.ops}
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(4, 13, 49)).astype(np.float32)
+    y = rng.integers(0, 4, 4)
+    init = params_f32(microtrain.Simulator(plan))
+    sim, losses = train_on_host(plan, x, y)
+    assert_learns(losses)
+    assert all(f32(v) != init[k] for k, v in sim.params().items())
+    return dict(PLAN=plan.data, N=len(x), X=f32(x), Y=[int(v) for v in y], STEPS=STEPS,
+                HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim), INIT=init)
+
+
 def data_noalloc():
     ce = microtrain.compile(models.mlp(n_in=8, hidden=6, n_out=3), update="full", lr=0.01, momentum=0.9)
     mse = microtrain.compile(models.cnn(hw=6, n_out=3), update="full", loss="mse", lr=0.001,
@@ -228,7 +248,7 @@ def data_api():
                 PLAN_ONE_TARGET=one.data)
 
 
-DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "noalloc": data_noalloc,
+DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "train_kws": data_train_kws, "noalloc": data_noalloc,
         "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api}
 
 
