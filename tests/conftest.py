@@ -1,0 +1,26 @@
+"""Suite-wide rules.
+
+Under CI (CI=true, as .ci/run runs), a skipped MicroPython test is a failure: a fresh
+machine must build and run them (make micropython, make firmware), and a skip there
+would report a pass that never happened.
+"""
+import os
+
+import pytest
+
+MUST_RUN_IN_CI = ("test_micropython.py",)
+
+
+def in_ci():
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci() and os.path.basename(str(item.fspath)) in MUST_RUN_IN_CI:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+        report.outcome = "failed"
+        report.longrepr = "CI=true: a MicroPython test may not be skipped; it was skipped because: %s" % reason
