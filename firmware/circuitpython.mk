@@ -1,11 +1,10 @@
 # CircuitPython 10.2.1's unix port (variant coverage: `standard` does not compile in 10.2.1)
 # with the microtrain module, from the vendored sources (firmware/fetch-sources.sh
-# circuitpython). Included by firmware/micropython.mk. The device package is not frozen
-# (CircuitPython's unix port has no manifest step): the tests put
-# modules/microtrain/python on the import path, as a user copies it to CIRCUITPY/lib.
+# circuitpython). Included by firmware/micropython.mk. The device package is frozen in
+# through modules/microtrain/manifest.py, as in the MicroPython firmware.
 CIRCUITPY_BUILD ?= $(FIRMWARE_BUILD)/circuitpython-unix
 CIRCUITPY_MPY_CROSS = $(CIRCUITPY_DIR)/mpy-cross/build/mpy-cross
-CIRCUITPY_ARGS ?= VARIANT=coverage
+CIRCUITPY_ARGS ?= VARIANT=coverage FROZEN_MANIFEST=$(MICROTRAIN_MODULES_ABS)/microtrain/manifest.py
 
 firmware-circuitpython: $(CIRCUITPY_BUILD)/.built
 

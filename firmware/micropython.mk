@@ -213,6 +213,9 @@ $(NATMOD_BUILD)/%/_microtrain.mpy: $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_ROOT)
 	@mkdir -p "$(@D)"
 	@echo 'include $(MICROTRAIN_ROOT)/firmware/natmod.mk' > "$(@D)/Makefile"
 	+$(MICROTRAIN_SUBMAKE) -C "$(@D)" MPY_DIR="$(MICROTRAIN_MPY_ABS)" ARCH="$*" PYTHON="$(MICROTRAIN_PYTHON)" $(FIRMWARE_MAKE_ARGS)
+	@# for `mpremote mip install $(@D)/package.json`: this .mpy and the device package
+	@printf '{\n  "urls": [["_microtrain.mpy", "_microtrain.mpy"]],\n  "deps": [["%s", null]],\n  "version": "0.1.0"\n}\n' \
+	    "$(MICROTRAIN_ROOT)/package.json" > "$(@D)/package.json"
 	@echo "microtrain: built $@"
 
 # ---- CircuitPython ------------------------------------------------------------------------

@@ -106,10 +106,6 @@ def run_tests_command(target, tests, result_dir):
     if target.kind == "unix":
         env["MICROPY_MICROPYTHON"] = target.firmware
         args += ["-t", "unix"]
-        if target.runtime == "circuitpython":
-            # the device package from the source tree, as a user copies it to CIRCUITPY/lib
-            env["MICROPYPATH"] = PACKAGE
-            args += ["--keep-path"]
     else:
         args += ["-t", target.device(), "-j", "1"]
     tests_dir = os.path.join(MICROPY_DIR, "tests")
@@ -120,10 +116,7 @@ def run_script(target, code, timeout=600):
     """Run CODE (a string) on TARGET; returns what it printed. Through MicroPython's
     tools/pyboard.py for execpty targets (raw REPL), a process for unix ones."""
     if target.kind == "unix":
-        env = dict(os.environ)
-        if target.runtime == "circuitpython":
-            env["MICROPYPATH"] = PACKAGE
-        r = subprocess.run([target.firmware, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+        r = subprocess.run([target.firmware, "-c", code], capture_output=True, text=True, timeout=timeout)
         if r.returncode:
             raise RuntimeError("%s: exit status %d: %s" % (target.name, r.returncode, r.stderr or r.stdout))
         return r.stdout
