@@ -119,8 +119,19 @@ $(MICROTRAIN_FW_TARGETS):
 endif
 else
 
+# `make firmware` (no BOARD) leaves out, with a message, the boards whose toolchain is not
+# installed, so `make test` still runs everything else (and the tests say what is missing).
+MT_HAVE_ARM := $(shell command -v arm-none-eabi-gcc)
+MT_HAVE_CMAKE := $(shell command -v cmake)
+mt_toolchain_missing = $(if $(filter-out unix,$(MT_PORT_$(1))),$(if $(MT_HAVE_ARM),,arm-none-eabi-gcc))$(if \
+	$(filter cmake,$(MT_BUILD_$(1))),$(if $(MT_HAVE_CMAKE),, cmake))
+FIRMWARE_TEST_HERE := $(foreach b,$(FIRMWARE_TEST_BOARDS),$(if $(call mt_toolchain_missing,$(b)),,$(b)))
+FIRMWARE_TEST_NOT_HERE := $(filter-out $(FIRMWARE_TEST_HERE),$(FIRMWARE_TEST_BOARDS))
+
 ifeq ($(BOARD),)
-firmware: $(addprefix firmware-,$(FIRMWARE_TEST_BOARDS)) natmods-test firmware-circuitpython
+firmware: $(addprefix firmware-,$(FIRMWARE_TEST_HERE)) $(if $(MT_HAVE_ARM),natmods-test,$(NATMOD_BUILD)/x64/_microtrain.mpy) \
+		firmware-circuitpython
+	@$(foreach b,$(FIRMWARE_TEST_NOT_HERE),echo "microtrain: skipping firmware $(b): no $(call mt_toolchain_missing,$(b)) (see firmware/README.md)";)
 else
 firmware: firmware-$(MT_BOARD_NAME)
 endif
