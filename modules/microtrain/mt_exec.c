@@ -3,30 +3,13 @@
 #include <string.h>
 #include "mt_kernels.h"
 
-static int all_finite(const float *p, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &p[i], sizeof u);
-        if ((u & 0x7F800000u) == 0x7F800000u) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
 static int ready(const mt_ctx_t *ctx) {
     return ctx->plan != NULL && ctx->ram != NULL;
 }
 
-/* Every entry point starts here: an error names where it happened, never where an earlier one did. */
-static void clear_error(mt_ctx_t *ctx) {
-    ctx->err_op = -1;
-    ctx->err_tensor = -1;
-}
-
 /* x may be unaligned (a slice of a byte buffer): copy bytewise, then check. */
 int mt_set_input(mt_ctx_t *ctx, const float *x, size_t n_x) {
-    clear_error(ctx);
+    mt_clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
@@ -36,7 +19,7 @@ int mt_set_input(mt_ctx_t *ctx, const float *x, size_t n_x) {
         return MT_E_INPUT_LEN;
     }
     memcpy(in.data, x, n_x * sizeof(float));
-    return all_finite(in.data, in.n) ? MT_OK : MT_E_NONFINITE;
+    return mt_all_finite(in.data, in.n) ? MT_OK : MT_E_NONFINITE;
 }
 
 static mt_sink_t sink_of(const mt_ctx_t *ctx, const mt_op_t *op, int w_slot) {
@@ -92,7 +75,7 @@ int mt_op_run(mt_ctx_t *ctx, const mt_op_t *op) {
                 loss = mt_k_mse(op);
             }
             ctx->loss = loss;
-            if (!all_finite(&loss, 1)) {
+            if (!mt_all_finite(&loss, 1)) {
                 return MT_E_LOSS;
             }
             break;
@@ -136,7 +119,7 @@ static int run_phases(mt_ctx_t *ctx, uint8_t lo, uint8_t hi) {
 }
 
 int mt_run_op(mt_ctx_t *ctx, uint32_t index) {
-    clear_error(ctx);
+    mt_clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
@@ -145,15 +128,17 @@ int mt_run_op(mt_ctx_t *ctx, uint32_t index) {
     return err != MT_OK ? err : mt_op_run(ctx, &op);
 }
 
+/* A batch ends after every batch-th sample (counted in batch, so no counter
+ * wrap can move the boundary); its BATCH_END ops run then, also with batch 1. */
 static int step(mt_ctx_t *ctx, float *loss) {
     int err = run_phases(ctx, MT_PHASE_FORWARD, MT_PHASE_TRAIN);
     if (err != MT_OK) {
+        ctx->rejected += err == MT_E_LOSS;
         return err;
     }
     ctx->steps++;
-    if (ctx->batch == 1) {
-        ctx->updates++;
-    } else if (ctx->steps % ctx->batch == 0) {
+    if (++ctx->in_batch >= ctx->batch) {
+        ctx->in_batch = 0;
         err = run_phases(ctx, MT_PHASE_BATCH_END, MT_PHASE_BATCH_END);
         if (err != MT_OK) {
             return err;
@@ -167,7 +152,7 @@ static int step(mt_ctx_t *ctx, float *loss) {
 }
 
 int mt_step_label(mt_ctx_t *ctx, const float *x, size_t n_x, int32_t label, float *loss) {
-    clear_error(ctx);
+    mt_clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
@@ -191,7 +176,7 @@ int mt_step_label(mt_ctx_t *ctx, const float *x, size_t n_x, int32_t label, floa
 }
 
 int mt_step_target(mt_ctx_t *ctx, const float *x, size_t n_x, const float *target, size_t n_target, float *loss) {
-    clear_error(ctx);
+    mt_clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
@@ -211,14 +196,14 @@ int mt_step_target(mt_ctx_t *ctx, const float *x, size_t n_x, const float *targe
         return err;
     }
     memcpy(t.data, target, n_target * sizeof(float));
-    if (!all_finite(t.data, t.n)) {
+    if (!mt_all_finite(t.data, t.n)) {
         return MT_E_TARGET_NONFINITE;
     }
     return step(ctx, loss);
 }
 
 int mt_predict(mt_ctx_t *ctx, const float *x, size_t n_x, float *out, size_t n_out) {
-    clear_error(ctx);
+    mt_clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }

@@ -3,7 +3,7 @@
 #ifndef MT_KERNELS_H
 #define MT_KERNELS_H
 
-#include "mt.h"
+#include "mt_core.h"
 
 /* Where a parameter gradient goes the moment it is computed: straight into an
  * SGD update of the parameter (batch 1, so no gradient buffer exists at all), or

@@ -6,17 +6,11 @@
  * rely on this and check nothing themselves.
  */
 #include <string.h>
-#include "mt.h"
+#include "mt_core.h"
 
 static const mt_opspec_t mt_opspecs[MT_OP_MAX + 1] = MT_OPSPECS_INIT;
 
 #define FAIL(code, op, tensor) do { ctx->err_op = (op); ctx->err_tensor = (tensor); return (code); } while (0)
-
-static int is_finite_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return (u & 0x7F800000u) != 0x7F800000u;
-}
 
 static float rd_f32(const uint8_t *p) {
     return mt_f32_from_bits((int32_t)mt_rd_u32(p));
@@ -92,7 +86,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (memcmp(p + MT_H_MAGIC, MT_MAGIC, 4) != 0) {
         FAIL(MT_E_MAGIC, -1, -1);
     }
-    if (mt_rd_u16(p + MT_H_VERSION) != MT_VERSION) {
+    ctx->plan_version = mt_rd_u16(p + MT_H_VERSION);
+    if (ctx->plan_version != MT_VERSION) {
         FAIL(MT_E_VERSION, -1, -1);
     }
     uint32_t file_bytes = mt_rd_u32(p + MT_H_FILE_BYTES);
@@ -105,7 +100,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (len > file_bytes) {
         FAIL(MT_E_OVERSIZE, -1, -1);
     }
-    if (mt_crc32(p + MT_CRC_START, file_bytes - MT_CRC_START) != mt_rd_u32(p + MT_H_CRC32)) {
+    ctx->plan_crc = mt_rd_u32(p + MT_H_CRC32);
+    if (mt_crc32(p + MT_CRC_START, file_bytes - MT_CRC_START) != ctx->plan_crc) {
         FAIL(MT_E_CRC, -1, -1);
     }
     if (mt_rd_u32(p + MT_H_FLAGS) != 0 || p[MT_H_RESERVED0] != 0 || mt_rd_u16(p + MT_H_RESERVED1) != 0) {
@@ -162,8 +158,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (ctx->loss_kind != MT_LOSS_CROSS_ENTROPY && ctx->loss_kind != MT_LOSS_MSE) {
         FAIL(MT_E_HEADER, -1, -1);
     }
-    if (ctx->batch < 1 || !is_finite_f32(ctx->lr) || !is_finite_f32(ctx->momentum)
-        || !is_finite_f32(ctx->weight_decay) || ctx->lr < 0.0f || ctx->momentum < 0.0f
+    if (ctx->batch < 1 || !mt_f32_finite(ctx->lr) || !mt_f32_finite(ctx->momentum)
+        || !mt_f32_finite(ctx->weight_decay) || ctx->lr < 0.0f || ctx->momentum < 0.0f
         || ctx->momentum >= 1.0f || ctx->weight_decay < 0.0f) {
         FAIL(MT_E_OPTIM, -1, -1);
     }
@@ -197,7 +193,7 @@ static int validate_tensor(mt_ctx_t *ctx, uint32_t i) {
     }
     uint32_t bytes = mt_rd_u32(r + MT_T_BYTES), off = mt_rd_u32(r + MT_T_OFFSET);
     uint32_t init = mt_rd_u32(r + MT_T_INIT), name = mt_rd_u32(r + MT_T_NAME);
-    if ((uint64_t)bytes != n * size || off % 4 != 0) {
+    if ((uint64_t)bytes != n * size || off % MT_ALIGN != 0) {
         FAIL(MT_E_TENSOR, -1, (int32_t)i);
     }
     uint32_t region;
@@ -220,9 +216,10 @@ static int validate_tensor(mt_ctx_t *ctx, uint32_t i) {
         FAIL(MT_E_TENSOR, -1, (int32_t)i);
     }
     if (kind == MT_TFLAG_PARAM) {
-        if (init % 4 != 0 || init > ctx->data_bytes || bytes > ctx->data_bytes - init) {
+        if (init % MT_ALIGN != 0 || init > ctx->data_bytes || bytes > ctx->data_bytes - init) {
             FAIL(MT_E_TENSOR, -1, (int32_t)i);
         }
+        ctx->n_params++;
     } else if (init != MT_NO_NAME) {
         FAIL(MT_E_TENSOR, -1, (int32_t)i);
     }
@@ -447,6 +444,7 @@ uint32_t mt_ram_bytes(const mt_ctx_t *ctx) {
 }
 
 int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
+    mt_clear_error(ctx);
     if (ctx->plan == NULL) {
         return MT_E_DETACHED;
     }
@@ -462,6 +460,7 @@ int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
 
 /* Parameters back to the plan's initial values, optimizer state to zero. */
 int mt_reset(mt_ctx_t *ctx) {
+    mt_clear_error(ctx);
     if (ctx->plan == NULL || ctx->ram == NULL) {
         return MT_E_DETACHED;
     }
@@ -475,6 +474,8 @@ int mt_reset(mt_ctx_t *ctx) {
     }
     ctx->steps = 0;
     ctx->updates = 0;
+    ctx->in_batch = 0;
+    ctx->rejected = 0;
     ctx->loss = 0.0f;
     return MT_OK;
 }
@@ -489,8 +490,7 @@ int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info) 
     mt_tensor_t t;
     mt_tensor_decode(ctx, (uint16_t)index, &t);
     const uint8_t *r = ctx->tensors + index * MT_TENSOR_BYTES;
-    uint32_t name = mt_rd_u32(r + MT_T_NAME);
-    info->name = name == MT_NO_NAME ? "" : (const char *)ctx->names + name;
+    info->name = mt_name_of(ctx, mt_rd_u32(r + MT_T_NAME), &info->name_len);
     info->data = t.data;
     info->bytes = mt_rd_u32(r + MT_T_BYTES);
     info->n = t.n;
