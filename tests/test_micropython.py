@@ -245,9 +245,20 @@ def data_state():
                 NEW_PARAMS={k: f32(v) for k, v in new.items()}, HOST_PRED_NEW=f32(fresh.predict(x[0])))
 
 
+def data_plan_buffer():
+    """A fully trained MLP, a CNN with frozen layers, and another plan as long as the MLP's."""
+    full = microtrain.compile(models.mlp(n_in=8, hidden=40, n_out=3, seed=9), update="full", lr=0.05, momentum=0.9)
+    other = microtrain.compile(models.mlp(n_in=8, hidden=40, n_out=3, seed=10), update="full", lr=0.05, momentum=0.9)
+    frozen = microtrain.compile(models.cnn(seed=9, hw=6, n_out=3), update="last-layer", lr=0.05)
+    assert len(full.data) == len(other.data) and len(full.data) > 1200 and frozen.report()["const_bytes"] > 0
+    rng = np.random.default_rng(9)
+    return dict(PLAN_FULL=full.data, PLAN_FROZEN=frozen.data, PLAN_OTHER=other.data,
+                X_FULL=f32(rng.normal(size=8)), Y_FULL=1, X_FROZEN=f32(rng.normal(size=72)), Y_FROZEN=2)
+
+
 DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "noalloc": data_noalloc,
         "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api,
-        "state": data_state}
+        "state": data_state, "plan_buffer": data_plan_buffer}
 
 
 def header(name, values):

@@ -179,6 +179,9 @@ OPS = (
     OpSpec("MSE", 18, _s("out target dout:out"), ()),
     OpSpec("SGD", 19, _s("w:param m:state? acc:state"), ()),
 )
+# attribute groups: ops that share one keep it at the start of their attributes,
+# so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them
+ATTR_GROUPS = {"CONV": CONV_ATTRS, "POOL": POOL_ATTRS}
 OPS_BY_NAME = {op.name: op for op in OPS}
 OPS_BY_CODE = {op.code: op for op in OPS}
 W_LAYOUT_OUT_IN = 0   # Gemm weight stored [out, in] (Gemm transB=1, torch Linear)
@@ -221,6 +224,7 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("STATE_LEN", "state blob has the wrong length for this plan"),
     ("STATE_CORRUPT", "state blob is corrupted (bad magic, version, field or CRC)"),
     ("STATE_PLAN", "state blob was saved with a different plan"),
+    ("CHANGED", "plan bytes changed between mt_load and mt_attach"),
 )
 
 
@@ -340,6 +344,14 @@ def c_header():
         for i, a in enumerate(op.attrs):
             L.append("#define MT_%s_A_%s %d" % (op.name, a.upper(), i))
     L.append("#define MT_OP_MAX %d" % max(op.code for op in OPS))
+    L += ["", "/* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */",
+          "#define MT_FOR_EACH_OP(X) \\"]
+    L += ["    X(%s) \\" % op.name for op in OPS]
+    L[-1] = L[-1].rstrip(" \\")
+    L += ["", "/* attribute groups: the same position in every op that has the group */"]
+    for group, attrs in ATTR_GROUPS.items():
+        for i, a in enumerate(attrs):
+            L.append("#define MT_%s_A_%s %d" % (group, a.upper(), i))
     L += ["", "/* per-op slot table, indexed by op code: initialiser for mt_opspec_t[MT_OP_MAX + 1] */",
           "#define MT_SLOT(role, dtype, opt) ((uint8_t)((role) | ((dtype) << 2) | ((opt) << 7)))",
           "#define MT_SLOT_ROLE(s) ((s) & 3)", "#define MT_SLOT_DTYPE(s) (((s) >> 2) & 31)",

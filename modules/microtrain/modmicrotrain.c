@@ -13,13 +13,16 @@
  *     t.lr = 0.01                     # learning rate, read/write
  *     t.reset()                       # parameters back to the plan's initial values
  *
- * Memory: the Trainer keeps a reference to the plan object and the core reads the
- * plan in place (like framebuf keeps its buffer), so do not resize or modify a
- * bytearray plan while its Trainer is alive. A plan that is not 4-byte aligned is
- * copied once. The RAM the core needs (mt_ram_bytes) is allocated once, in the
- * constructor; step() with loss_out and predict() with out allocate nothing as long
- * as x, y and out are 4-byte aligned (array('f') always is; an unaligned buffer is
- * staged through a scratch area that is allocated on first use).
+ * Memory: the Trainer keeps a reference to the plan object and the core reads its
+ * constants in place (like framebuf keeps its buffer); the plan's structure is
+ * decoded once into the RAM block, so a caller who modifies a bytearray plan
+ * afterwards changes numbers at worst, and one who resizes it gets ValueError
+ * (get_ctx checks the buffer on every call). A plan that is not 4-byte aligned is
+ * copied once. The RAM the core needs (mt_ram_bytes: state, arena, runtime
+ * context) is allocated once, in the constructor; step() with loss_out and
+ * predict() with out allocate nothing as long as x, y and out are 4-byte
+ * aligned (array('f') always is; an unaligned buffer is staged through a
+ * scratch area that is allocated on first use).
  *
  * Float buffers are float32 in native byte order: array('f'), or bytes/bytearray
  * (or a memoryview of them) whose length is a multiple of 4.

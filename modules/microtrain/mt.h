@@ -57,8 +57,9 @@ typedef struct {
     uint8_t *ram;                 /* NULL until mt_attach: state region, arena, runtime context */
     uintptr_t base[4];            /* where tensor references point (mt_core.h) */
     uint32_t in_ref, target_ref, out_ref, n_in, n_target, n_out;
-    uint32_t fwd_end, train_end;  /* byte offsets in the op context where the phases end */
-    uint32_t params_at;           /* byte offset of the parameter table in the context */
+    uint32_t phase_at[3];         /* where each phase's records start in the context (bytes) */
+    uint32_t phase_op[3];         /* the index of each phase's first op */
+    uint32_t params_at;           /* where the parameter table starts: the end of the op records */
     uint32_t steps;               /* samples trained since attach or reset (wraps at 2^32) */
     uint32_t updates;             /* parameter updates applied */
     uint32_t in_batch;            /* samples since the last update, < batch */

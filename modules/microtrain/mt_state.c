@@ -54,45 +54,40 @@ uint32_t mt_param_count(const mt_ctx_t *ctx) {
     return ctx->plan != NULL ? ctx->n_params : 0;
 }
 
-/* The tensor index of parameter k. */
-static int param_tensor(const mt_ctx_t *ctx, uint32_t k, uint32_t *index) {
-    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
-        if ((ctx->tensors[i * MT_TENSOR_BYTES + MT_T_FLAGS] & MT_TFLAG_PARAM) && k-- == 0) {
-            *index = i;
-            return MT_OK;
-        }
-    }
-    return MT_E_INDEX;
-}
-
 int mt_param_info(const mt_ctx_t *ctx, uint32_t k, mt_tensor_info_t *info) {
-    uint32_t i;
-    if (ctx->plan == NULL) {
+    if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
-    int err = param_tensor(ctx, k, &i);
-    return err != MT_OK ? err : mt_tensor_info(ctx, i, info);
+    if (k >= ctx->n_params) {
+        return MT_E_INDEX;
+    }
+    const mt_param_rec_t *p = mt_param_rec(ctx, k);
+    info->name = mt_name_of(ctx, p->name, &info->name_len);
+    info->data = ctx->ram + p->state_off;
+    info->bytes = p->bytes;
+    info->n = p->n;
+    memcpy(info->dim, p->dim, sizeof info->dim);
+    info->ndim = p->ndim;
+    info->dtype = p->dtype;
+    info->storage = MT_STORAGE_STATE;
+    info->flags = MT_TFLAG_PARAM;
+    return MT_OK;
 }
 
 int mt_check_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n) {
-    mt_tensor_info_t ti;
-    uint32_t i;
     mt_clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
-    int err = param_tensor(ctx, k, &i);
-    if (err == MT_OK) {
-        err = mt_tensor_info(ctx, i, &ti);
+    if (k >= ctx->n_params) {
+        return MT_E_INDEX;
     }
-    if (err != MT_OK) {
-        return err;
-    }
-    ctx->err_tensor = (int32_t)i;
-    if (data == NULL || n != ti.n) {
+    const mt_param_rec_t *p = mt_param_rec(ctx, k);
+    ctx->err_tensor = (int32_t)p->tensor;
+    if (data == NULL || n != p->n) {
         return MT_E_PARAM_LEN;
     }
-    if (!mt_all_finite(data, ti.n)) {
+    if (!mt_all_finite(data, p->n)) {
         return MT_E_PARAM_NONFINITE;
     }
     ctx->err_tensor = -1;
@@ -100,13 +95,10 @@ int mt_check_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n) {
 }
 
 int mt_set_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n) {
-    mt_tensor_info_t ti;
     int err = mt_check_param(ctx, k, data, n);
     if (err == MT_OK) {
-        err = mt_param_info(ctx, k, &ti);
-    }
-    if (err == MT_OK) {
-        memcpy(ti.data, data, ti.bytes);
+        const mt_param_rec_t *p = mt_param_rec(ctx, k);
+        memcpy(ctx->ram + p->state_off, data, p->bytes);
     }
     return err;
 }
