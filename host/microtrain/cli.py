@@ -30,6 +30,7 @@ def _compile(args):
     _writable(args.output, "-o")
     plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
                    weight_decay=args.weight_decay, batch=args.batch, planner=args.planner)
+    fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
     print("wrote %s: %d bytes, %d ops, arena %d B (naive %d B), parameters and optimizer state %d B, "
@@ -37,6 +38,25 @@ def _compile(args):
                               r["param_bytes"], r["const_bytes"]))
     for note in r["notes"]:
         print("note: " + note)
+    for line in fit:
+        print("board: " + line)
+
+
+def _board_check(report, board):
+    if not board:
+        return []
+    from . import boards
+    return boards.check(report, boards.load_board(board))
+
+
+def _boards(args):
+    from .boards import print_boards
+    print_boards(as_json=args.json)
+
+
+def _flash(args):
+    from .boards import flash
+    flash(args.board, port=args.port, image=args.image, dry_run=args.dry_run)
 
 
 def _kb(n):
@@ -70,6 +90,7 @@ def _report(args):
     if args.svg:
         _writable(args.svg, "--svg")
     r = load_plan(args.plan).report()
+    fit = _board_check(r, args.board)
     if args.svg:
         from .svg import arena_svg
         with open(args.svg, "w") as f:
@@ -80,6 +101,8 @@ def _report(args):
         print_report(r)
         if args.svg:
             print("\narena picture written to %s" % args.svg)
+        for line in fit:
+            print("board           %s" % line)
 
 
 def load_npz(path, option):
@@ -231,12 +254,15 @@ def parser():
     c.add_argument("--planner", default="greedy", choices=["greedy", "naive"],
                    help="arena memory: greedy shares memory between tensors not alive together; naive gives "
                    "every tensor its own (for debugging)")
+    c.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards); "
+                   "fail, writing nothing, if it does not")
     c.set_defaults(func=_compile)
     r = sub.add_parser("report", help="memory and compute report of a plan", formatter_class=fmt,
                        description="Memory and compute report of a plan.")
     r.add_argument("plan", help="plan file (.mtp) from microtrain compile")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     r.add_argument("--svg", metavar="FILE.svg", help="also draw the arena over time as SVG into this file")
+    r.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards)")
     r.set_defaults(func=_report)
     s = sub.add_parser("simulate", help="train a plan on the host with the device's C core", formatter_class=fmt,
                        description="Train a plan on the host with the device's own C core, and measure it.")
@@ -257,6 +283,16 @@ def parser():
     e.add_argument("--onnx", required=True, metavar="MODEL.onnx", help="the model the plan was compiled from")
     e.add_argument("-o", "--output", required=True, metavar="TRAINED.onnx", help="ONNX file to write")
     e.set_defaults(func=_export)
+    b = sub.add_parser("boards", help="list the supported boards and their memory budgets", formatter_class=fmt)
+    b.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    b.set_defaults(func=_boards)
+    f = sub.add_parser("flash", help="write a board's firmware (make firmware BOARD=NAME) with its family's tool",
+                       formatter_class=fmt)
+    f.add_argument("--board", required=True, metavar="NAME")
+    f.add_argument("--port", help="serial port (esptool)")
+    f.add_argument("--image", help="firmware image (default: build/firmware/NAME/<image>)")
+    f.add_argument("--dry-run", action="store_true", help="print the command only")
+    f.set_defaults(func=_flash)
     return p
 
 

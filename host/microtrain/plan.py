@@ -108,17 +108,12 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         else:
             offset = t.offset
         init = t.data_offset if is_param else F.NO_NAME
-        trec += F.TENSOR_STRUCT.pack(F.dtype_code(t.dtype), F.STORAGES[t.storage], len(t.shape), flags, offset,
-                                     t.nbytes, *dims, name_off[i], init, 0xFFFF, 0)
+        trec += F.pack_tensor(dtype=F.dtype_code(t.dtype), storage=F.STORAGES[t.storage], ndim=len(t.shape),
+                              flags=flags, offset=offset, bytes=t.nbytes, dim0=dims[0], dim1=dims[1], dim2=dims[2],
+                              dim3=dims[3], name=name_off[i], init=init, quant=0xFFFF, reserved=0)
     orec = bytearray()
     for op in ops:
-        spec = op.spec
-        slots = [F.NO_TENSOR if s is None else s for s in op.slots]
-        rec = struct.pack("<BBBB", spec.code, F.PHASES[op.phase], len(slots), len(op.attrs))
-        rec += struct.pack("<%dH" % len(slots), *slots)
-        rec += b"\0" * (-len(rec) % 4)
-        rec += struct.pack("<%di" % len(op.attrs), *op.attrs)
-        orec += rec
+        orec += F.pack_op(op.spec.code, F.PHASES[op.phase], op.slots, op.attrs)
     meta_b = json.dumps(meta, separators=(",", ":")).encode()
     sections = {}
     pos = F.HEADER_BYTES
@@ -157,15 +152,15 @@ class Plan:
 
     def __init__(self, data: bytes):
         _check_kind(data)
-        Core(data)            # the C validator decides; raises PlanError (ValueError)
+        core = Core(data)     # the C validator decides; raises PlanError (ValueError)
+        self.context_bytes = core.info()["context_bytes"]   # the decoded plan in the device's RAM
         self.data = bytes(data)
         h = F.HEADER_STRUCT.unpack_from(self.data, 0)
         self.header = {name: v for (name, _), v in zip(F.HEADER_FIELDS, h)}
         self.tensors = []
         hd = self.header
         for i in range(hd["n_tensors"]):
-            rec = F.TENSOR_STRUCT.unpack_from(self.data, hd["tensors_off"] + i * F.TENSOR_BYTES)
-            r = {name: v for (name, _), v in zip(F.TENSOR_FIELDS, rec)}
+            r = F.unpack_tensor(self.data, hd["tensors_off"] + i * F.TENSOR_BYTES)
             end = self.data.index(b"\0", hd["names_off"] + r["name"])
             self.tensors.append(dict(
                 name=self.data[hd["names_off"] + r["name"]:end].decode(), dtype=DTYPE_NAMES[r["dtype"]],
@@ -175,13 +170,8 @@ class Plan:
         self.ops = []
         pos = hd["ops_off"]
         for _ in range(hd["n_ops"]):
-            code, phase, nt, na = struct.unpack_from("<BBBB", self.data, pos)
-            slots = struct.unpack_from("<%dH" % nt, self.data, pos + 4)
-            tb = (2 * nt + 3) & ~3
-            attrs = struct.unpack_from("<%di" % na, self.data, pos + 4 + tb)
-            self.ops.append(dict(op=OP_NAMES[code], phase=PHASE_NAMES[phase],
-                                 slots=[None if s == F.NO_TENSOR else s for s in slots], attrs=list(attrs)))
-            pos += 4 + tb + 4 * na
+            code, phase, slots, attrs, pos = F.unpack_op(self.data, pos)
+            self.ops.append(dict(op=OP_NAMES[code], phase=PHASE_NAMES[phase], slots=slots, attrs=attrs))
         m0 = hd["meta_off"]
         self.meta = json.loads(self.data[m0:m0 + hd["meta_bytes"]] or b"{}")
 
@@ -255,7 +245,8 @@ class Plan:
             "naive_bytes": hd["naive_bytes"],
             "peak_live_bytes": peak,
             "param_bytes": hd["state_bytes"],
-            "ram_bytes": hd["arena_bytes"] + hd["state_bytes"],
+            "context_bytes": self.context_bytes,
+            "ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes,
             "const_bytes": hd["const_bytes"],
             "macs_per_step": macs,
             "ops": hd["n_ops"],
