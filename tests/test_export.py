@@ -7,7 +7,6 @@ predictions. Saved parameters carry the ONNX initializer names, which the export
 take from PyTorch's state_dict: loaded into the PyTorch module, they make it predict
 what the simulator predicts.
 """
-import os
 import subprocess
 import sys
 

@@ -10,7 +10,6 @@ import pytest
 
 import microtrain
 from microtrain import format as F
-from microtrain import planner
 
 import models
 

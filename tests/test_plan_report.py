@@ -7,7 +7,6 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import onnx
-import pytest
 
 import microtrain
 

@@ -1,6 +1,5 @@
 """The training graph's structure: pruning, views, dead branches, in-place ops."""
 import numpy as np
-import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper

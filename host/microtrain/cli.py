@@ -288,7 +288,7 @@ def parser():
     b.set_defaults(func=_boards)
     f = sub.add_parser("flash", help="write a board's firmware (make firmware BOARD=NAME) with its family's tool",
                        formatter_class=fmt)
-    f.add_argument("--board", required=True, metavar="NAME")
+    f.add_argument("--board", required=True, metavar="NAME", help="the board to flash (microtrain boards lists them)")
     f.add_argument("--port", help="serial port (esptool)")
     f.add_argument("--image", help="firmware image (default: build/firmware/NAME/<image>)")
     f.add_argument("--dry-run", action="store_true", help="print the command only")

@@ -6,7 +6,8 @@ import math
 from . import __version__
 from . import format as F
 from .onnx_import import import_onnx
-from .plan import Plan, assign_memory, write_plan
+from .memory import assign_memory
+from .plan import Plan, write_plan
 from .training import build_training, check_gradient_paths, macs_total
 from .update import resolve_update
 
@@ -22,6 +23,21 @@ def _positive_float(name, v, allow_zero=True):
     if not math.isfinite(f) or f < 0 or (f == 0 and not allow_zero):
         raise ValueError("%s must be a finite number %s 0, got %r" % (name, ">=" if allow_zero else ">", v))
     return f
+
+
+def optimizer_state(tensors, ops):
+    """{parameter: {"momentum": tensor index or None, "accumulator": tensor index or None}}, from
+    the ops that update parameters (their "w" slot is the parameter, "m" and "acc" its state)."""
+    out = {}
+    for o in ops:
+        slot = {s.name: (s.role, t) for s, t in zip(o.spec.slots, o.slots)}
+        if slot.get("w", ("in", None))[0] != "param":
+            continue
+        state = out.setdefault(tensors[slot["w"][1]].name, {"momentum": None, "accumulator": None})
+        for name, key in (("m", "momentum"), ("acc", "accumulator")):
+            if slot[name][1] is not None:
+                state[key] = slot[name][1]
+    return out
 
 
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
@@ -79,6 +95,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         "layers": [dict(node=n.onnx_name, op=n.op, weight=n.weight(), bias=n.bias(),
                         weight_init=graph.origins[n.weight()]["init"], w_layout=n.attrs.get("w_layout"), **n.parts)
                    for n in graph.layers()],
+        # each trainable parameter's optimizer state: tensor indices of its momentum and accumulator
+        "optimizer": optimizer_state(tensors, ops),
         "planner": planner,
         # tensors that share another's memory (views, ops run in place): index -> index of the owner
         "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},

@@ -2,8 +2,10 @@
 
 Folds what is fixed at compile time (constants, shape arithmetic, BatchNormalization
 into the preceding layer, identity-like ops, reshapes as views), fuses MatMul+Add
-into one fully connected layer, and refuses anything else with a message that
-names the node, its op type and what is supported.
+into one fully connected layer, and refuses anything else, every unsupported node at
+once. The Importer holds the state and the shared checks; each ONNX op type has one
+handler function, registered with @handles (see "handlers" at the end): supporting a
+new op is one handler here and one rule in training.py.
 """
 from __future__ import annotations
 
@@ -17,10 +19,23 @@ from . import export
 from .ir import Graph, Node, Value
 
 MIN_OPSET, MAX_OPSET = 13, 21
-SUPPORTED = ("Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "MaxPool", "AveragePool",
-             "GlobalAveragePool", "ReduceMean (over all spatial axes)", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity",
-             "Dropout", "BatchNormalization", "Softmax (output only)", "LogSoftmax (output only)",
-             "and any op whose inputs are all constants")
+HANDLERS = {}   # ONNX op type -> handler(importer, node, inputs); see "handlers" below
+NOTES = {}      # ONNX op type -> what of it is supported, for messages
+
+
+def handles(op_type, note=None):
+    """Register a function as the handler of an ONNX op type."""
+    def register(f):
+        HANDLERS[op_type] = f
+        if note:
+            NOTES[op_type] = note
+        return f
+    return register
+
+
+def supported_ops():
+    return ["%s (%s)" % (op, NOTES[op]) if op in NOTES else op for op in HANDLERS] + [
+        "and any op whose inputs are all constants"]
 
 
 # what to do instead, for ops people bring from MCU models
@@ -135,8 +150,9 @@ class Importer:
                     uses[i] = uses.get(i, 0) + 1
         return uses
 
-    def supported(self, node):
-        return node.domain in ("", "ai.onnx") and hasattr(self, "op_" + node.op_type)
+    @staticmethod
+    def supported(node):
+        return node.domain in ("", "ai.onnx") and node.op_type in HANDLERS
 
     @staticmethod
     def unsupported_message(bad):
@@ -148,7 +164,7 @@ class Importer:
             shown = ", ".join("'%s'" % n for n in names[:6]) + (", ... (%d more)" % (len(names) - 6) if len(names) > 6 else "")
             hint = SUGGESTIONS.get(op.split(" ")[0])
             lines.append("  %s x%d: %s%s" % (op, len(names), shown, " (%s)" % hint if hint else ""))
-        lines.append("microtrain supports: %s" % ", ".join(SUPPORTED))
+        lines.append("microtrain supports: %s" % ", ".join(supported_ops()))
         return "\n".join(lines)
 
     # ---- helpers ----
@@ -295,7 +311,7 @@ class Importer:
         if all(i == "" or i in self.consts for i in ins) and node.op_type not in ("Softmax", "LogSoftmax"):
             self.fold(node, ins)
             return
-        getattr(self, "op_" + node.op_type)(node, ins)   # run() checked that the handler exists
+        HANDLERS[node.op_type](self, node, ins)   # run() checked that there is one
 
     def fold(self, node, ins):
         """Evaluate a node whose inputs are all constants, with onnx.reference."""
@@ -314,41 +330,6 @@ class Importer:
         if node.op_type == "Transpose" and ins[0] in {t.name for t in self.g.initializer} \
                 and self.consts[ins[0]].ndim == 2:
             self.transposed[node.output[0]] = ins[0]
-
-    # ---- layers ----
-    def op_Conv(self, node, ins):
-        x = self.act(node, ins[0])
-        W = self.const(node, ins[1], "the Conv weight").astype(np.float32)
-        B = self.const(node, ins[2], "the Conv bias").astype(np.float32) if len(ins) > 2 and ins[2] else None
-        xs = self.acts[x]
-        rank = len(xs)
-        if rank not in (3, 4) or W.ndim != rank:
-            raise UnsupportedModel("%s: only 1-D and 2-D convolutions are supported (input shape %s)"
-                                   % (_where(node), xs))
-        a = self.attrs(node)
-        k = list(W.shape[2:])
-        if list(a.get("kernel_shape", k)) != k:
-            raise UnsupportedModel("%s: kernel_shape %s does not match the weight %s" % (_where(node), a["kernel_shape"], W.shape))
-        groups = int(a.get("group", 1))
-        sd = rank - 2
-        strides = list(a.get("strides", [1] * sd))
-        dil = list(a.get("dilations", [1] * sd))
-        spatial = list(xs[2:])
-        pads = self.pads(node, a, spatial, k, strides, dil)
-        C, O = xs[1], W.shape[0]
-        if C % groups or O % groups or W.shape[1] * groups != C:
-            raise UnsupportedModel("%s: weight %s does not fit input channels %d with group=%d"
-                                   % (_where(node), W.shape, C, groups))
-        out_sp = [self.extent(node, spatial[i], pads[i], pads[i + sd], k[i], dil[i], strides[i], False)
-                  for i in range(sd)]
-        if sd == 1:   # 1-D runs as 2-D with H = 1
-            W = W.reshape(W.shape[0], W.shape[1], 1, W.shape[2])
-            strides, dil, pads = [1] + strides, [1] + dil, [0, pads[0], 0, pads[1]]
-        wname = self.param(ins[1], W, self.consts[ins[1]].shape)
-        bname = self.param(ins[2], B, B.shape) if B is not None else None
-        attrs = dict(stride_h=strides[0], stride_w=strides[1], pad_t=pads[0], pad_l=pads[1], pad_b=pads[2],
-                     pad_r=pads[3], dil_h=dil[0], dil_w=dil[1], groups=groups)
-        self.emit("conv", [x, wname, bname], node.output[0], attrs, node, [xs[0], O] + out_sp)
 
     def pads(self, node, a, spatial, k, strides, dil):
         sd = len(spatial)
@@ -382,33 +363,6 @@ class Importer:
             out -= 1
         return out
 
-    def op_Gemm(self, node, ins):
-        a = self.attrs(node)
-        if a.get("transA", 0):
-            raise UnsupportedModel("%s: transA=1 is not supported" % _where(node))
-        x = self.act(node, ins[0])
-        if len(self.acts[x]) != 2:
-            raise UnsupportedModel("%s: Gemm input must be 2-D (N, F); got %s. Flatten first." % (_where(node), self.acts[x]))
-        W = self.const(node, ins[1], "the Gemm weight B").astype(np.float32)
-        layout = 0 if a.get("transB", 0) else 1
-        alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
-        if alpha != 1.0:
-            W = W * np.float32(alpha)
-        O = W.shape[0] if layout == 0 else W.shape[1]
-        K = W.shape[1] if layout == 0 else W.shape[0]
-        if K != self.acts[x][1]:
-            raise UnsupportedModel("%s: weight %s does not fit input %s" % (_where(node), W.shape, self.acts[x]))
-        bname = None
-        if len(ins) > 2 and ins[2]:
-            C = self.const(node, ins[2], "the Gemm bias C").astype(np.float32)
-            bname = self.bias_param(node, ins[2], C * np.float32(beta), O, fold="beta=%g" % beta if beta != 1 else None)
-            if beta != 1.0:
-                self.notes.append("%s: beta=%g folded into the bias %r" % (_where(node), beta, bname))
-        wname = self.param(ins[1], W, self.consts[ins[1]].shape, node, "alpha=%g" % alpha if alpha != 1 else None)
-        if alpha != 1.0:
-            self.notes.append("%s: alpha=%g folded into the weight %r" % (_where(node), alpha, wname))
-        self.emit("gemm", [x, wname, bname], node.output[0], {"w_layout": layout}, node, [self.acts[x][0], O])
-
     def bias_param(self, node, name, C, O, out_rank=2, fold=None):
         """C broadcast onto a layer output (N, O, ...) of rank out_rank must vary along O only."""
         full = (1,) * (out_rank - C.ndim) + tuple(C.shape) if C.ndim <= out_rank else None
@@ -422,64 +376,6 @@ class Importer:
             return self.param(name, np.full(O, C.reshape(()), np.float32), (O,), node,
                               "broadcast to %d" % O + (", " + fold if fold else ""))
         raise UnsupportedModel("%s: bias of shape %s does not broadcast per output (%d)" % (_where(node), C.shape, O))
-
-    def op_MatMul(self, node, ins):
-        x = self.act(node, ins[0])
-        if len(self.acts[x]) != 2:
-            raise UnsupportedModel("%s: MatMul input must be 2-D (N, F); got %s" % (_where(node), self.acts[x]))
-        if ins[1] in self.transposed:             # MatMul(x, Transpose(W)) is Gemm with transB=1
-            wsrc, layout = self.transposed[ins[1]], 0
-        else:
-            wsrc, layout = ins[1], 1
-        W = self.const(node, wsrc, "the MatMul right-hand side").astype(np.float32)
-        if W.ndim != 2:
-            raise UnsupportedModel("%s: MatMul weight must be 2-D; got %s" % (_where(node), W.shape))
-        O = W.shape[1] if layout == 1 else W.shape[0]
-        K = W.shape[0] if layout == 1 else W.shape[1]
-        if K != self.acts[x][1]:
-            raise UnsupportedModel("%s: weight %s does not fit input %s" % (_where(node), W.shape, self.acts[x]))
-        wname = self.param(wsrc, W, W.shape)
-        self.emit("gemm", [x, wname, None], node.output[0], {"w_layout": layout}, node, [self.acts[x][0], O])
-
-    def op_Add(self, node, ins):
-        consts = [i for i in ins if i in self.consts]
-        if not consts:
-            a, b = self.act(node, ins[0]), self.act(node, ins[1])
-            if self.acts[a] != self.acts[b]:
-                raise UnsupportedModel("%s: Add with broadcasting (%s + %s) is not supported; only equal shapes "
-                                       "(residual connections)" % (_where(node), self.acts[a], self.acts[b]))
-            self.emit("add", [a, b], node.output[0], {}, node, self.acts[a])
-            return
-        # a constant added to a bias-less layer's output is that layer's bias (MatMul + Add)
-        x = [i for i in ins if i not in self.consts][0]
-        prod = self.producer.get(x)
-        C = self.consts[consts[0]].astype(np.float32)
-        if prod is None or prod.op not in ("gemm", "conv") or prod.inputs[2] is not None or self.uses.get(x, 0) != 1:
-            raise UnsupportedModel("%s: adding a constant is only supported as the bias of the layer just before "
-                                   "(MatMul + Add, Conv + Add)" % _where(node))
-        O = self.values[x].shape[1]
-        if prod.op == "conv" and C.size != O and C.size != 1:
-            raise UnsupportedModel("%s: constant of shape %s is not a per-channel bias" % (_where(node), C.shape))
-        prod.inputs[2] = self.bias_param(node, consts[0], C, O, len(self.acts[x]))
-        prod.parts.update(bias_add=node.name or node.output[0],
-                          bias_input=node.input[[self.r(i) for i in node.input].index(consts[0])])
-        self.alias[node.output[0]] = x
-
-    # ---- activations and pooling ----
-    def op_Relu(self, node, ins):
-        x = self.act(node, ins[0])
-        self.emit("clip", [x], node.output[0], {"lo": 0.0, "hi": math.inf}, node, self.acts[x])
-
-    def op_Clip(self, node, ins):
-        x = self.act(node, ins[0])
-        lo = float(self.const(node, ins[1], "Clip min").reshape(())) if len(ins) > 1 and ins[1] else -math.inf
-        hi = float(self.const(node, ins[2], "Clip max").reshape(())) if len(ins) > 2 and ins[2] else math.inf
-        if math.isnan(lo) or math.isnan(hi):
-            raise UnsupportedModel("%s: Clip bounds must not be NaN" % _where(node))
-        if lo > hi:   # ONNX: when min is greater than max, every output is max
-            self.notes.append("%s: min %g above max %g: every output is max" % (_where(node), lo, hi))
-            lo = hi
-        self.emit("clip", [x], node.output[0], {"lo": lo, "hi": hi}, node, self.acts[x])
 
     def pool(self, node, ins, op):
         x = self.act(node, ins[0])
@@ -505,167 +401,334 @@ class Importer:
                      count_include_pad=int(a.get("count_include_pad", 0)) if op == "avgpool" else 0)
         self.emit(op, [x], node.output[0], attrs, node, [xs[0], xs[1]] + out_sp)
 
-    def op_MaxPool(self, node, ins):
-        self.pool(node, ins, "maxpool")
-
-    def op_AveragePool(self, node, ins):
-        self.pool(node, ins, "avgpool")
-
-    def op_GlobalAveragePool(self, node, ins):
-        x = self.act(node, ins[0])
-        xs = self.acts[x]
-        if len(xs) not in (3, 4):
-            raise UnsupportedModel("%s: input must be 3-D or 4-D, got %s" % (_where(node), xs))
-        self.emit("gap", [x], node.output[0], {}, node, list(xs[:2]) + [1] * (len(xs) - 2))
-
-    def op_ReduceMean(self, node, ins):
-        """A mean over every spatial axis is global average pooling (the dynamo
-        exporter writes AdaptiveAvgPool2d(1) and x.mean((2, 3)) this way)."""
-        x = self.act(node, ins[0])
-        xs = self.acts[x]
-        axes = self.squeeze_axes(node, ins, len(xs))
-        if len(xs) not in (3, 4) or axes is None or sorted(set(axes)) != list(range(2, len(xs))):
-            raise UnsupportedModel("%s: ReduceMean is only supported over all spatial axes of a 3-D or 4-D input "
-                                   "(global average pooling); got axes %s of shape %s" % (_where(node), axes, xs))
-        pooled = list(xs[:2]) + [1] * (len(xs) - 2)
-        if self.attrs(node).get("keepdims", 1):
-            self.emit("gap", [x], node.output[0], {}, node, pooled)
-            return
-        self.emit("gap", [x], node.output[0] + "/keepdims", {}, node, pooled)
-        self.view(node, node.output[0] + "/keepdims", list(xs[:2]))
-
-    def op_CastLike(self, node, ins):
-        """CastLike(value, activation): activations are float32, so this casts to float32."""
-        if ins[0] in self.acts:
-            self.alias[node.output[0]] = ins[0]
-        else:
-            self.consts[node.output[0]] = np.asarray(self.consts[ins[0]], np.float32)
-
-    # ---- shape-only ops: views of the same memory ----
     def view(self, node, x, shape):
+        """Output of a shape-only op (Flatten, Reshape, Squeeze, Unsqueeze): a view of x's memory."""
         shape = [int(d) for d in shape]
         if shape[0] != self.acts[x][0] or int(np.prod(shape)) != int(np.prod(self.acts[x])):
             raise UnsupportedModel("%s: reshaping %s to %s mixes samples of the batch; only reshapes that keep "
                                    "the batch axis first are supported" % (_where(node), self.acts[x], tuple(shape)))
         self.add_act(node.output[0], shape, _where(node), view_of=x)
 
-    def op_Flatten(self, node, ins):
-        x = self.act(node, ins[0])
-        xs = self.acts[x]
-        axis = self.attrs(node).get("axis", 1)
-        axis = axis + len(xs) if axis < 0 else axis
-        self.view(node, x, [int(np.prod(xs[:axis])), int(np.prod(xs[axis:]))])
-
-    def op_Reshape(self, node, ins):
-        x = self.act(node, ins[0])
-        target = [int(d) for d in self.const(node, ins[1], "the Reshape shape")]
-        xs = self.acts[x]
-        allowzero = self.attrs(node).get("allowzero", 0)
-        shape = [xs[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
-        if -1 in shape:
-            known = int(np.prod([d for d in shape if d != -1]))
-            shape[shape.index(-1)] = int(np.prod(xs)) // max(known, 1)
-        self.view(node, x, shape)
-
     def squeeze_axes(self, node, ins, rank):
         a = self.attrs(node)
         axes = self.const(node, ins[1], "axes") if len(ins) > 1 and ins[1] else a.get("axes")
         return None if axes is None else [int(v) + rank if int(v) < 0 else int(v) for v in axes]
 
-    def op_Squeeze(self, node, ins):
-        x = self.act(node, ins[0])
-        xs = list(self.acts[x])
-        axes = self.squeeze_axes(node, ins, len(xs))
-        axes = [i for i, d in enumerate(xs) if d == 1 and i > 0] if axes is None else axes
-        self.view(node, x, [d for i, d in enumerate(xs) if i not in axes])
 
-    def op_Unsqueeze(self, node, ins):
-        x = self.act(node, ins[0])
-        xs = list(self.acts[x])
-        axes = sorted(self.squeeze_axes(node, ins, len(xs) + len(self.squeeze_axes(node, ins, 0) or [])))
-        for ax in axes:
-            xs.insert(ax, 1)
-        self.view(node, x, xs)
+# ---- handlers: one per ONNX op type -------------------------------------------------------
+# handler(imp, node, ins): ins are node.input with aliases resolved; the handler checks what
+# it needs, then emits IR nodes (imp.emit), views (imp.view), parameters (imp.param) or
+# aliases. Nodes whose inputs are all constants never reach a handler: they are evaluated.
 
-    def op_Identity(self, node, ins):
-        self.alias[node.output[0]] = self.act(node, ins[0])
+# ---- layers ----
 
-    def op_Dropout(self, node, ins):
-        if len(node.output) > 1 and node.output[1] and self.uses.get(node.output[1]):
-            raise UnsupportedModel("%s: the mask output is not supported" % _where(node))
-        if len(ins) > 2 and ins[2]:   # training_mode: true means a random mask (unless ratio is 0)
-            training = bool(self.const(node, ins[2], "Dropout training_mode").reshape(()))
-            ratio = float(self.const(node, ins[1], "Dropout ratio").reshape(())) if ins[1] else 0.5
-            if training and ratio != 0.0:
-                raise UnsupportedModel("%s: Dropout with training_mode=true is not supported; export the model "
-                                       "in eval mode" % _where(node))
-        self.alias[node.output[0]] = self.act(node, ins[0])
 
-    # ---- folded ----
-    def op_BatchNormalization(self, node, ins):
-        a = self.attrs(node)
-        if a.get("training_mode", 0):
-            raise UnsupportedModel("%s: training_mode=1 is not supported; export the model in eval mode" % _where(node))
-        x = self.act(node, ins[0])
-        scale, bias, mean, var = (self.const(node, n, w).astype(np.float64) for n, w in
-                                  zip(ins[1:5], ("scale", "bias", "mean", "var")))
-        s = scale / np.sqrt(var + float(a.get("epsilon", 1e-5)))
-        shift = bias - mean * s
-        prod = self.producer.get(x)
-        # folded into the layer before only if that layer's weight and bias are its own: a weight
-        # shared with another layer stays as it is, and this becomes a layer of its own (below)
-        foldable = (prod is not None and prod.op in ("conv", "gemm") and self.uses.get(x, 0) == 1
-                    and self.exclusive(prod.inputs[1]) and self.exclusive(prod.inputs[2]))
-        how = "BatchNormalization '%s'" % (node.name or node.output[0])
-        if foldable:
-            w = self.values[prod.inputs[1]]
-            shape = [-1, 1, 1, 1] if prod.op == "conv" else ([-1, 1] if prod.attrs["w_layout"] == 0 else [1, -1])
-            w.data = (w.data.astype(np.float64) * s.reshape(shape)).astype(np.float32)
-            self.origins[prod.inputs[1]]["folds"].append(how)
-            b = self.values[prod.inputs[2]].data.astype(np.float64) if prod.inputs[2] else 0.0
-            newb = (b * s + shift).astype(np.float32)
-            if prod.inputs[2]:
-                self.values[prod.inputs[2]].data = newb
-                self.origins[prod.inputs[2]]["folds"].append(how)
-            else:
-                prod.inputs[2] = self.param(ins[2], newb, newb.shape, node, how + " (as the layer's bias)")
-            prod.parts["bn"] = node.name or node.output[0]
-            self.alias[node.output[0]] = x
-            self.notes.append("%s folded into '%s'" % (_where(node), prod.onnx_name))
-            return
-        xs = self.acts[x]
-        if len(xs) not in (3, 4):
-            raise UnsupportedModel("%s: a BatchNormalization that does not follow a Conv or Gemm must have a 3-D or "
-                                   "4-D input; got %s" % (_where(node), xs))
-        # a per-channel scale and shift is a 1x1 depthwise convolution
-        C = xs[1]
-        wname = self.param(ins[1], s.astype(np.float32).reshape(C, 1, 1, 1), (C, 1, 1, 1), node,
-                           how + " scale / sqrt(var + epsilon)")
-        bname = self.param(ins[2], shift.astype(np.float32), (C,), node, how + " bias - mean * scale")
-        attrs = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=C)
-        self.emit("conv", [x, wname, bname], node.output[0], attrs, node, xs)
-        self.notes.append("%s became a per-channel scale and shift (1x1 depthwise conv)" % _where(node))
+@handles("Conv")
+def conv(imp, node, ins):
+    x = imp.act(node, ins[0])
+    W = imp.const(node, ins[1], "the Conv weight").astype(np.float32)
+    B = imp.const(node, ins[2], "the Conv bias").astype(np.float32) if len(ins) > 2 and ins[2] else None
+    xs = imp.acts[x]
+    rank = len(xs)
+    if rank not in (3, 4) or W.ndim != rank:
+        raise UnsupportedModel("%s: only 1-D and 2-D convolutions are supported (input shape %s)"
+                               % (_where(node), xs))
+    a = imp.attrs(node)
+    k = list(W.shape[2:])
+    if list(a.get("kernel_shape", k)) != k:
+        raise UnsupportedModel("%s: kernel_shape %s does not match the weight %s" % (_where(node), a["kernel_shape"], W.shape))
+    groups = int(a.get("group", 1))
+    sd = rank - 2
+    strides = list(a.get("strides", [1] * sd))
+    dil = list(a.get("dilations", [1] * sd))
+    spatial = list(xs[2:])
+    pads = imp.pads(node, a, spatial, k, strides, dil)
+    C, O = xs[1], W.shape[0]
+    if C % groups or O % groups or W.shape[1] * groups != C:
+        raise UnsupportedModel("%s: weight %s does not fit input channels %d with group=%d"
+                               % (_where(node), W.shape, C, groups))
+    out_sp = [imp.extent(node, spatial[i], pads[i], pads[i + sd], k[i], dil[i], strides[i], False)
+              for i in range(sd)]
+    if sd == 1:   # 1-D runs as 2-D with H = 1
+        W = W.reshape(W.shape[0], W.shape[1], 1, W.shape[2])
+        strides, dil, pads = [1] + strides, [1] + dil, [0, pads[0], 0, pads[1]]
+    wname = imp.param(ins[1], W, imp.consts[ins[1]].shape)
+    bname = imp.param(ins[2], B, B.shape) if B is not None else None
+    attrs = dict(stride_h=strides[0], stride_w=strides[1], pad_t=pads[0], pad_l=pads[1], pad_b=pads[2],
+                 pad_r=pads[3], dil_h=dil[0], dil_w=dil[1], groups=groups)
+    imp.emit("conv", [x, wname, bname], node.output[0], attrs, node, [xs[0], O] + out_sp)
 
-    def output_softmax(self, node, ins):
-        x = self.act(node, ins[0])
-        outs = [o.name for o in self.g.output]
-        if node.output[0] not in outs or node is not self.g.node[-1]:
-            raise UnsupportedModel("%s: Softmax is only supported as the model's final op" % _where(node))
-        xs = self.acts[x]
-        axis = self.attrs(node).get("axis", -1)
-        if axis not in (-1, len(xs) - 1) or len(xs) != 2:
-            raise UnsupportedModel("%s: only a softmax over the last axis of a 2-D output is supported" % _where(node))
-        if self.loss != "cross-entropy":
-            raise UnsupportedModel("%s: a %s at the output is only supported with loss cross-entropy (where it is "
-                                   "fused into the loss); with mse, export the model without it"
-                                   % (_where(node), node.op_type))
-        self.alias[node.output[0]] = x
-        self.dropped = node.op_type
-        self.notes.append("%s at the output dropped: fused into the cross-entropy loss; predict() returns "
-                          "logits" % _where(node))
 
-    op_Softmax = output_softmax
-    op_LogSoftmax = output_softmax
+@handles("Gemm")
+def gemm(imp, node, ins):
+    a = imp.attrs(node)
+    if a.get("transA", 0):
+        raise UnsupportedModel("%s: transA=1 is not supported" % _where(node))
+    x = imp.act(node, ins[0])
+    if len(imp.acts[x]) != 2:
+        raise UnsupportedModel("%s: Gemm input must be 2-D (N, F); got %s. Flatten first." % (_where(node), imp.acts[x]))
+    W = imp.const(node, ins[1], "the Gemm weight B").astype(np.float32)
+    layout = 0 if a.get("transB", 0) else 1
+    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
+    if alpha != 1.0:
+        W = W * np.float32(alpha)
+    O = W.shape[0] if layout == 0 else W.shape[1]
+    K = W.shape[1] if layout == 0 else W.shape[0]
+    if K != imp.acts[x][1]:
+        raise UnsupportedModel("%s: weight %s does not fit input %s" % (_where(node), W.shape, imp.acts[x]))
+    bname = None
+    if len(ins) > 2 and ins[2]:
+        C = imp.const(node, ins[2], "the Gemm bias C").astype(np.float32)
+        bname = imp.bias_param(node, ins[2], C * np.float32(beta), O, fold="beta=%g" % beta if beta != 1 else None)
+        if beta != 1.0:
+            imp.notes.append("%s: beta=%g folded into the bias %r" % (_where(node), beta, bname))
+    wname = imp.param(ins[1], W, imp.consts[ins[1]].shape, node, "alpha=%g" % alpha if alpha != 1 else None)
+    if alpha != 1.0:
+        imp.notes.append("%s: alpha=%g folded into the weight %r" % (_where(node), alpha, wname))
+    imp.emit("gemm", [x, wname, bname], node.output[0], {"w_layout": layout}, node, [imp.acts[x][0], O])
+
+
+@handles("MatMul")
+def mat_mul(imp, node, ins):
+    x = imp.act(node, ins[0])
+    if len(imp.acts[x]) != 2:
+        raise UnsupportedModel("%s: MatMul input must be 2-D (N, F); got %s" % (_where(node), imp.acts[x]))
+    if ins[1] in imp.transposed:             # MatMul(x, Transpose(W)) is Gemm with transB=1
+        wsrc, layout = imp.transposed[ins[1]], 0
+    else:
+        wsrc, layout = ins[1], 1
+    W = imp.const(node, wsrc, "the MatMul right-hand side").astype(np.float32)
+    if W.ndim != 2:
+        raise UnsupportedModel("%s: MatMul weight must be 2-D; got %s" % (_where(node), W.shape))
+    O = W.shape[1] if layout == 1 else W.shape[0]
+    K = W.shape[0] if layout == 1 else W.shape[1]
+    if K != imp.acts[x][1]:
+        raise UnsupportedModel("%s: weight %s does not fit input %s" % (_where(node), W.shape, imp.acts[x]))
+    wname = imp.param(wsrc, W, W.shape)
+    imp.emit("gemm", [x, wname, None], node.output[0], {"w_layout": layout}, node, [imp.acts[x][0], O])
+
+
+@handles("Add")
+def add(imp, node, ins):
+    consts = [i for i in ins if i in imp.consts]
+    if not consts:
+        a, b = imp.act(node, ins[0]), imp.act(node, ins[1])
+        if imp.acts[a] != imp.acts[b]:
+            raise UnsupportedModel("%s: Add with broadcasting (%s + %s) is not supported; only equal shapes "
+                                   "(residual connections)" % (_where(node), imp.acts[a], imp.acts[b]))
+        imp.emit("add", [a, b], node.output[0], {}, node, imp.acts[a])
+        return
+    # a constant added to a bias-less layer's output is that layer's bias (MatMul + Add)
+    x = [i for i in ins if i not in imp.consts][0]
+    prod = imp.producer.get(x)
+    C = imp.consts[consts[0]].astype(np.float32)
+    if prod is None or prod.op not in ("gemm", "conv") or prod.inputs[2] is not None or imp.uses.get(x, 0) != 1:
+        raise UnsupportedModel("%s: adding a constant is only supported as the bias of the layer just before "
+                               "(MatMul + Add, Conv + Add)" % _where(node))
+    O = imp.values[x].shape[1]
+    if prod.op == "conv" and C.size != O and C.size != 1:
+        raise UnsupportedModel("%s: constant of shape %s is not a per-channel bias" % (_where(node), C.shape))
+    prod.inputs[2] = imp.bias_param(node, consts[0], C, O, len(imp.acts[x]))
+    prod.parts.update(bias_add=node.name or node.output[0],
+                      bias_input=node.input[[imp.r(i) for i in node.input].index(consts[0])])
+    imp.alias[node.output[0]] = x
+
+
+# ---- activations and pooling ----
+
+
+@handles("Relu")
+def relu(imp, node, ins):
+    x = imp.act(node, ins[0])
+    imp.emit("clip", [x], node.output[0], {"lo": 0.0, "hi": math.inf}, node, imp.acts[x])
+
+
+@handles("Clip")
+def clip(imp, node, ins):
+    x = imp.act(node, ins[0])
+    lo = float(imp.const(node, ins[1], "Clip min").reshape(())) if len(ins) > 1 and ins[1] else -math.inf
+    hi = float(imp.const(node, ins[2], "Clip max").reshape(())) if len(ins) > 2 and ins[2] else math.inf
+    if math.isnan(lo) or math.isnan(hi):
+        raise UnsupportedModel("%s: Clip bounds must not be NaN" % _where(node))
+    if lo > hi:   # ONNX: when min is greater than max, every output is max
+        imp.notes.append("%s: min %g above max %g: every output is max" % (_where(node), lo, hi))
+        lo = hi
+    imp.emit("clip", [x], node.output[0], {"lo": lo, "hi": hi}, node, imp.acts[x])
+
+
+@handles("MaxPool")
+def max_pool(imp, node, ins):
+    imp.pool(node, ins, "maxpool")
+
+
+@handles("AveragePool")
+def average_pool(imp, node, ins):
+    imp.pool(node, ins, "avgpool")
+
+
+@handles("GlobalAveragePool")
+def global_average_pool(imp, node, ins):
+    x = imp.act(node, ins[0])
+    xs = imp.acts[x]
+    if len(xs) not in (3, 4):
+        raise UnsupportedModel("%s: input must be 3-D or 4-D, got %s" % (_where(node), xs))
+    imp.emit("gap", [x], node.output[0], {}, node, list(xs[:2]) + [1] * (len(xs) - 2))
+
+
+@handles("ReduceMean", note="over all spatial axes")
+def reduce_mean(imp, node, ins):
+    """A mean over every spatial axis is global average pooling (the dynamo
+    exporter writes AdaptiveAvgPool2d(1) and x.mean((2, 3)) this way)."""
+    x = imp.act(node, ins[0])
+    xs = imp.acts[x]
+    axes = imp.squeeze_axes(node, ins, len(xs))
+    if len(xs) not in (3, 4) or axes is None or sorted(set(axes)) != list(range(2, len(xs))):
+        raise UnsupportedModel("%s: ReduceMean is only supported over all spatial axes of a 3-D or 4-D input "
+                               "(global average pooling); got axes %s of shape %s" % (_where(node), axes, xs))
+    pooled = list(xs[:2]) + [1] * (len(xs) - 2)
+    if imp.attrs(node).get("keepdims", 1):
+        imp.emit("gap", [x], node.output[0], {}, node, pooled)
+        return
+    imp.emit("gap", [x], node.output[0] + "/keepdims", {}, node, pooled)
+    imp.view(node, node.output[0] + "/keepdims", list(xs[:2]))
+
+
+@handles("CastLike")
+def cast_like(imp, node, ins):
+    """CastLike(value, activation): activations are float32, so this casts to float32."""
+    if ins[0] in imp.acts:
+        imp.alias[node.output[0]] = ins[0]
+    else:
+        imp.consts[node.output[0]] = np.asarray(imp.consts[ins[0]], np.float32)
+
+
+@handles("Flatten")
+def flatten(imp, node, ins):
+    x = imp.act(node, ins[0])
+    xs = imp.acts[x]
+    axis = imp.attrs(node).get("axis", 1)
+    axis = axis + len(xs) if axis < 0 else axis
+    imp.view(node, x, [int(np.prod(xs[:axis])), int(np.prod(xs[axis:]))])
+
+
+@handles("Reshape")
+def reshape(imp, node, ins):
+    x = imp.act(node, ins[0])
+    target = [int(d) for d in imp.const(node, ins[1], "the Reshape shape")]
+    xs = imp.acts[x]
+    allowzero = imp.attrs(node).get("allowzero", 0)
+    shape = [xs[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = int(np.prod(xs)) // max(known, 1)
+    imp.view(node, x, shape)
+
+
+@handles("Squeeze")
+def squeeze(imp, node, ins):
+    x = imp.act(node, ins[0])
+    xs = list(imp.acts[x])
+    axes = imp.squeeze_axes(node, ins, len(xs))
+    axes = [i for i, d in enumerate(xs) if d == 1 and i > 0] if axes is None else axes
+    imp.view(node, x, [d for i, d in enumerate(xs) if i not in axes])
+
+
+@handles("Unsqueeze")
+def unsqueeze(imp, node, ins):
+    x = imp.act(node, ins[0])
+    xs = list(imp.acts[x])
+    axes = sorted(imp.squeeze_axes(node, ins, len(xs) + len(imp.squeeze_axes(node, ins, 0) or [])))
+    for ax in axes:
+        xs.insert(ax, 1)
+    imp.view(node, x, xs)
+
+
+@handles("Identity")
+def identity(imp, node, ins):
+    imp.alias[node.output[0]] = imp.act(node, ins[0])
+
+
+@handles("Dropout")
+def dropout(imp, node, ins):
+    if len(node.output) > 1 and node.output[1] and imp.uses.get(node.output[1]):
+        raise UnsupportedModel("%s: the mask output is not supported" % _where(node))
+    if len(ins) > 2 and ins[2]:   # training_mode: true means a random mask (unless ratio is 0)
+        training = bool(imp.const(node, ins[2], "Dropout training_mode").reshape(()))
+        ratio = float(imp.const(node, ins[1], "Dropout ratio").reshape(())) if ins[1] else 0.5
+        if training and ratio != 0.0:
+            raise UnsupportedModel("%s: Dropout with training_mode=true is not supported; export the model "
+                                   "in eval mode" % _where(node))
+    imp.alias[node.output[0]] = imp.act(node, ins[0])
+
+
+# ---- folded ----
+
+
+@handles("BatchNormalization")
+def batch_normalization(imp, node, ins):
+    a = imp.attrs(node)
+    if a.get("training_mode", 0):
+        raise UnsupportedModel("%s: training_mode=1 is not supported; export the model in eval mode" % _where(node))
+    x = imp.act(node, ins[0])
+    scale, bias, mean, var = (imp.const(node, n, w).astype(np.float64) for n, w in
+                              zip(ins[1:5], ("scale", "bias", "mean", "var")))
+    s = scale / np.sqrt(var + float(a.get("epsilon", 1e-5)))
+    shift = bias - mean * s
+    prod = imp.producer.get(x)
+    # folded into the layer before only if that layer's weight and bias are its own: a weight
+    # shared with another layer stays as it is, and this becomes a layer of its own (below)
+    foldable = (prod is not None and prod.op in ("conv", "gemm") and imp.uses.get(x, 0) == 1
+                and imp.exclusive(prod.inputs[1]) and imp.exclusive(prod.inputs[2]))
+    how = "BatchNormalization '%s'" % (node.name or node.output[0])
+    if foldable:
+        w = imp.values[prod.inputs[1]]
+        shape = [-1, 1, 1, 1] if prod.op == "conv" else ([-1, 1] if prod.attrs["w_layout"] == 0 else [1, -1])
+        w.data = (w.data.astype(np.float64) * s.reshape(shape)).astype(np.float32)
+        imp.origins[prod.inputs[1]]["folds"].append(how)
+        b = imp.values[prod.inputs[2]].data.astype(np.float64) if prod.inputs[2] else 0.0
+        newb = (b * s + shift).astype(np.float32)
+        if prod.inputs[2]:
+            imp.values[prod.inputs[2]].data = newb
+            imp.origins[prod.inputs[2]]["folds"].append(how)
+        else:
+            prod.inputs[2] = imp.param(ins[2], newb, newb.shape, node, how + " (as the layer's bias)")
+        prod.parts["bn"] = node.name or node.output[0]
+        imp.alias[node.output[0]] = x
+        imp.notes.append("%s folded into '%s'" % (_where(node), prod.onnx_name))
+        return
+    xs = imp.acts[x]
+    if len(xs) not in (3, 4):
+        raise UnsupportedModel("%s: a BatchNormalization that does not follow a Conv or Gemm must have a 3-D or "
+                               "4-D input; got %s" % (_where(node), xs))
+    # a per-channel scale and shift is a 1x1 depthwise convolution
+    C = xs[1]
+    wname = imp.param(ins[1], s.astype(np.float32).reshape(C, 1, 1, 1), (C, 1, 1, 1), node,
+                       how + " scale / sqrt(var + epsilon)")
+    bname = imp.param(ins[2], shift.astype(np.float32), (C,), node, how + " bias - mean * scale")
+    attrs = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=C)
+    imp.emit("conv", [x, wname, bname], node.output[0], attrs, node, xs)
+    imp.notes.append("%s became a per-channel scale and shift (1x1 depthwise conv)" % _where(node))
+
+
+@handles("Softmax", note="output only")
+@handles("LogSoftmax", note="output only")
+def output_softmax(imp, node, ins):
+    x = imp.act(node, ins[0])
+    outs = [o.name for o in imp.g.output]
+    if node.output[0] not in outs or node is not imp.g.node[-1]:
+        raise UnsupportedModel("%s: Softmax is only supported as the model's final op" % _where(node))
+    xs = imp.acts[x]
+    axis = imp.attrs(node).get("axis", -1)
+    if axis not in (-1, len(xs) - 1) or len(xs) != 2:
+        raise UnsupportedModel("%s: only a softmax over the last axis of a 2-D output is supported" % _where(node))
+    if imp.loss != "cross-entropy":
+        raise UnsupportedModel("%s: a %s at the output is only supported with loss cross-entropy (where it is "
+                               "fused into the loss); with mse, export the model without it"
+                               % (_where(node), node.op_type))
+    imp.alias[node.output[0]] = x
+    imp.dropped = node.op_type
+    imp.notes.append("%s at the output dropped: fused into the cross-entropy loss; predict() returns "
+                      "logits" % _where(node))
 
 
 def import_onnx(model, loss="cross-entropy"):

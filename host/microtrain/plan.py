@@ -15,6 +15,7 @@ import numpy as np
 
 from . import format as F
 from . import planner
+from .memory import lifetimes
 from .native import Core, PlanError
 
 OP_NAMES = {op.code: op.name for op in F.OPS}
@@ -26,66 +27,6 @@ LOSS_NAMES = {F.LOSSES["CROSS_ENTROPY"]: "cross-entropy", F.LOSSES["MSE"]: "mse"
 
 def _align(n, a=F.ALIGN):
     return (n + a - 1) // a * a
-
-
-def _roots(tensors):
-    def root(i):
-        while tensors[i].view_of is not None:
-            i = tensors[i].view_of
-        return i
-    return [root(i) for i in range(len(tensors))]
-
-
-def lifetimes(n_tensors, ops, input_ids=()):
-    """(first, last) op index per tensor; -1 where no op touches it. Tensors in
-    input_ids are written before op 0."""
-    first, last = [-1] * n_tensors, [-1] * n_tensors
-    for k, op in enumerate(ops):
-        for s in op:
-            if s is not None and s != F.NO_TENSOR:
-                first[s] = k if first[s] < 0 else first[s]
-                last[s] = k
-    for i in input_ids:
-        first[i] = 0
-        last[i] = max(last[i], 0)
-    return first, last
-
-
-def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
-    """Offsets for arena (planned), state (packed) and constant tensors.
-    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs)."""
-    roots = _roots(tensors)
-    first, last = lifetimes(len(tensors), [o.slots for o in ops], io)
-    group = {}
-    for i, r in enumerate(roots):
-        if tensors[r].storage == "ARENA":
-            f, l = group.get(r, (10 ** 9, -1))
-            if first[i] >= 0:
-                group[r] = (min(f, first[i]), max(l, last[i]))
-            else:
-                group.setdefault(r, (f, l))
-    ids = sorted(group)
-    bufs = [planner.Buffer(tensors[r].nbytes, max(0, min(group[r][0], group[r][1])), max(0, group[r][1])) for r in ids]
-    offsets = planner.plan(bufs, align=F.ALIGN, strategy=strategy, gap=gap)
-    arena = planner.arena_size(bufs, offsets, align=F.ALIGN, gap=gap)
-    for r, off in zip(ids, offsets):
-        tensors[r].offset = off
-    state = 0
-    blobs = []   # (data offset, bytes)
-    data = 0
-    for t in tensors:
-        if t.view_of is None and t.storage == "STATE":
-            t.offset = state
-            state += _align(t.nbytes)
-        if t.view_of is None and t.data is not None:
-            t.data_offset = data
-            blobs.append((data, np.ascontiguousarray(t.data, np.float32).tobytes()))
-            data += _align(t.nbytes)
-    for i, t in enumerate(tensors):
-        if t.view_of is not None:
-            root = tensors[roots[i]]
-            t.storage, t.offset = root.storage, root.offset
-    return arena, state, planner.naive_size(bufs, F.ALIGN), planner.peak_live_bytes(bufs, F.ALIGN), blobs, data
 
 
 def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss, batch, lr, momentum,

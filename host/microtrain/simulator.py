@@ -68,19 +68,14 @@ class Simulator:
         self.core.reset()
 
     # ---- inspection ----
-    def _state(self, flag):
-        out = {}
-        for i, t in enumerate(self.plan.tensors):
-            if t["flags"] & F.TFLAGS[flag]:
-                name = t["name"]
-                if flag != "PARAM":
-                    name = name[name.index("(") + 1:-1]
-                out[name] = self.core.array(i).copy().reshape(self.param_shapes.get(name, t["shape"]))
-        return out
+    def _read(self, param, tensor):
+        """A copy of tensor `tensor` (a parameter's value or its optimizer state), in the parameter's ONNX shape."""
+        return self.core.array(tensor).copy().reshape(self.param_shapes.get(param, self.plan.tensors[tensor]["shape"]))
 
     def params(self):
         """Trainable parameters now, by ONNX initializer name, in ONNX shapes."""
-        return self._state("PARAM")
+        return {t["name"]: self._read(t["name"], i) for i, t in enumerate(self.plan.tensors)
+                if t["flags"] & F.TFLAGS["PARAM"]}
 
     def set_params(self, params):
         """Load trainable parameters ({name: array}, as params() returns them or as
@@ -98,15 +93,14 @@ class Simulator:
             t = self.plan.tensors[known[name]]
             shape = self.param_shapes.get(name, t["shape"])
             v = np.asarray(v)
-            if v.dtype.kind not in "fiu" or v.size != int(np.prod(t["shape"])):
+            if v.dtype.kind not in "fiu" or v.shape not in (tuple(shape), tuple(t["shape"])):
                 raise ValueError("parameter %r: got shape %s (%s), the plan's is %s" % (name, v.shape, v.dtype,
                                                                                        tuple(shape)))
             v = v.astype(np.float32).reshape(t["shape"])
             if not np.all(np.isfinite(v)):
                 raise ValueError("parameter %r contains NaN or infinity" % name)
             checked.append((known[name], v))
-        for i, v in checked:   # the tensor's own memory in the core's RAM
-            self.core.array(i)[...] = v
+        self.core.set_params({self.plan.tensors[i]["name"]: v for i, v in checked})
 
     def export(self, onnx_in, onnx_out=None):
         """The ONNX model the plan was compiled from, with the parameters trained here in place
@@ -120,7 +114,8 @@ class Simulator:
         if self.plan.header["batch"] == 1:
             raise ValueError("with batch 1 gradients are applied as they are computed and never stored; "
                              "compile with batch > 1 to read them")
-        return self._state("GRAD_ACC")
+        return {p: self._read(p, s["accumulator"]) for p, s in self.plan.meta["optimizer"].items()
+                if s["accumulator"] is not None}
 
     def tensor(self, name):
         """The current contents of any plan tensor (arena tensors are shared with

@@ -5,7 +5,10 @@ trainable set needs: a tensor gets a gradient only if a trainable parameter lies
 upstream of it, so nothing below the earliest trainable layer is differentiated
 and no frozen weight gets a gradient. Each parameter gradient op feeds the
 optimizer directly (fused update, no gradient buffer) when batch is 1, and an
-accumulator applied by SGD ops at the end of the batch otherwise.
+accumulator applied by SGD ops at the end of the batch otherwise (or when several
+layers share the parameter). Each graph op's forward and backward emission is one
+rule (RULES, below the Builder); check_gradient_paths is the invariant compile()
+checks last: every trainable parameter is reached by the loss's gradient.
 """
 from __future__ import annotations
 
@@ -186,29 +189,17 @@ class Builder:
         return False
 
     def forward(self, n):
-        self.fwd[n.output] = self.forward_op(n)
-
-    def forward_op(self, n):
         ins = [self.value_tensor(i) if i else None for i in n.inputs]
-        y = self.value_tensor(n.output)
-        a = n.attrs
-        if n.op == "conv":
-            w = self.tensors[ins[1]]
-            ys = self.tensors[y].shape
-            macs = ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:]))
-            return self.op("CONV2D", "FORWARD", ins + [y], [a[k] for k in F.CONV_ATTRS], n.onnx_name, macs)
-        elif n.op == "gemm":
-            return self.op("GEMM", "FORWARD", ins + [y], [a["w_layout"]], n.onnx_name, self.tensors[ins[1]].nbytes // 4)
-        elif n.op == "clip":
-            return self.op("CLIP", "FORWARD", [ins[0], y], [f32_bits(a["lo"]), f32_bits(a["hi"])], n.onnx_name)
-        elif n.op in ("maxpool", "avgpool"):
-            return self.op(n.op.upper(), "FORWARD", [ins[0], y], [a[k] for k in F.POOL_ATTRS], n.onnx_name)
-        elif n.op == "gap":
-            return self.op("GAP", "FORWARD", [ins[0], y], [], n.onnx_name)
-        elif n.op == "add":
-            return self.op("ADD", "FORWARD", [ins[0], ins[1], y], [], n.onnx_name)
-        else:
-            raise AssertionError(n.op)
+        self.fwd[n.output] = rule_for(n).forward(self, n, ins, self.value_tensor(n.output))
+
+    def backward(self, n):
+        if n.output in self.grad:
+            ins = [self.value_tensor(i) if i else None for i in n.inputs]
+            rule_for(n).backward(self, n, ins, self.grad[n.output])
+
+    def wants(self, name):
+        """Whether input `name` of a node needs a gradient (a trainable parameter lies upstream)."""
+        return name in self.needs
 
     def contribute(self, name, g):
         """Add gradient g to value `name`; a view's gradient is a view of its source's."""
@@ -223,55 +214,6 @@ class Builder:
             self.grad[name] = acc
         else:
             self.grad[name] = g
-
-    def backward(self, n):
-        if n.output not in self.grad:
-            return
-        dy = self.grad[n.output]
-        ins = [self.value_tensor(i) if i else None for i in n.inputs]
-        x = n.inputs[0]
-        need_x = x in self.needs
-        a = n.attrs
-        if n.op in ("conv", "gemm"):
-            conv = n.op == "conv"
-            w = self.tensors[ins[1]]
-            fwd = self.fwd[n.output]
-            attrs = [a[k] for k in F.CONV_ATTRS] if conv else [a["w_layout"]]
-            if need_x:   # before the weight update: it must see the weight the forward used
-                dx = self.grad_tensor(x, ins[0])
-                self.op("CONV2D_BWD_INPUT" if conv else "GEMM_BWD_INPUT", "TRAIN", [dy, ins[1], dx], attrs,
-                        n.onnx_name, fwd.macs)
-                self.contribute(x, dx)
-            wname, bname = n.weight(), n.bias()
-            if wname in self.trainable:
-                if conv:
-                    rng = [0, w.shape[0], 0, w.shape[1]]
-                else:
-                    O, K = (w.shape[0], w.shape[1]) if a["w_layout"] == 0 else (w.shape[1], w.shape[0])
-                    rng = [0, O, 0, K]
-                self.op("CONV2D_BWD_WEIGHT" if conv else "GEMM_BWD_WEIGHT", "TRAIN",
-                        [dy, ins[0], ins[1]] + self.sink(wname), attrs + rng, n.onnx_name, fwd.macs)
-            if bname in self.trainable:
-                O = self.tensors[ins[2]].shape[0]
-                self.op("BIAS_BWD", "TRAIN", [dy, ins[2]] + self.sink(bname), [0, O], n.onnx_name)
-        elif n.op == "clip":
-            if need_x:
-                dx = self.grad_tensor(x, ins[0])
-                self.op("CLIP_BWD", "TRAIN", [self.index[n.output], dy, dx],
-                        [f32_bits(a["lo"]), f32_bits(a["hi"])], n.onnx_name)
-                self.contribute(x, dx)
-        elif n.op in ("maxpool", "avgpool", "gap"):
-            if need_x:
-                dx = self.grad_tensor(x, ins[0])
-                attrs = [a[k] for k in F.POOL_ATTRS] if n.op != "gap" else []
-                slots = [ins[0], dy, dx] if n.op == "maxpool" else [dy, dx]
-                self.op(n.op.upper() + "_BWD", "TRAIN", slots, attrs, n.onnx_name)
-                self.contribute(x, dx)
-        elif n.op == "add":
-            for name in n.inputs:
-                self.contribute(name, dy)
-        else:
-            raise AssertionError(n.op)
 
     # ---- in place ----
     def root(self, i):
@@ -298,6 +240,119 @@ class Builder:
                 to.view_of = rs
                 last[rs] = max(last.get(rs, -1), last.pop(ro, -1))
                 break
+
+
+# ---- rules: how each IR op trains ----------------------------------------------------------
+# One rule per IR op holds its forward op and its backward ops together (as micrograd keeps an
+# op's forward and _backward): forward(b, n, ins, y) emits the forward op and returns it;
+# backward(b, n, ins, dy) emits what the gradient dy of the output needs and hands each input's
+# gradient to b.contribute(). ins are tensor indices of n.inputs (None where absent); b is the
+# Builder. Adding an op is one rule here and one handler in onnx_import.py.
+
+RULES = {}
+
+
+def rule(*ir_ops):
+    def register(cls):
+        for op in ir_ops:
+            RULES[op] = cls()
+        return cls
+    return register
+
+
+def rule_for(n):
+    if n.op not in RULES:
+        raise InternalError("internal error: no training rule for IR op %r (ONNX node '%s')" % (n.op, n.onnx_name))
+    return RULES[n.op]
+
+
+@rule("conv", "gemm")
+class Layer:
+    """y = conv(x, W) + b, or y = x W^T + b: the input gradient first (it must see the weight the
+    forward used), then the weight and bias gradients, each fused with its parameter's update."""
+
+    @staticmethod
+    def attrs(n):
+        return [n.attrs[k] for k in F.CONV_ATTRS] if n.op == "conv" else [n.attrs["w_layout"]]
+
+    def forward(self, b, n, ins, y):
+        w = b.tensors[ins[1]]
+        if n.op == "conv":
+            ys = b.tensors[y].shape
+            return b.op("CONV2D", "FORWARD", ins + [y], self.attrs(n), n.onnx_name,
+                        ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:])))
+        return b.op("GEMM", "FORWARD", ins + [y], self.attrs(n), n.onnx_name, w.nbytes // 4)
+
+    def backward(self, b, n, ins, dy):
+        conv = n.op == "conv"
+        w = b.tensors[ins[1]]
+        macs = b.fwd[n.output].macs
+        x = n.inputs[0]
+        if b.wants(x):
+            dx = b.grad_tensor(x, ins[0])
+            b.op("CONV2D_BWD_INPUT" if conv else "GEMM_BWD_INPUT", "TRAIN", [dy, ins[1], dx], self.attrs(n),
+                 n.onnx_name, macs)
+            b.contribute(x, dx)
+        if n.weight() in b.trainable:
+            if conv:
+                O, K = w.shape[0], w.shape[1]
+            else:
+                O, K = (w.shape[0], w.shape[1]) if n.attrs["w_layout"] == F.W_LAYOUT_OUT_IN else (w.shape[1], w.shape[0])
+            b.op("CONV2D_BWD_WEIGHT" if conv else "GEMM_BWD_WEIGHT", "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight()),
+                 self.attrs(n) + [0, O, 0, K], n.onnx_name, macs)
+        if n.bias() in b.trainable:
+            b.op("BIAS_BWD", "TRAIN", [dy, ins[2]] + b.sink(n.bias()), [0, b.tensors[ins[2]].shape[0]], n.onnx_name)
+
+
+@rule("clip")
+class Clip:
+    """y = min(max(x, lo), hi) (ReLU, ReLU6): dx = dy where lo < y < hi, read from y."""
+
+    @staticmethod
+    def attrs(n):
+        return [f32_bits(n.attrs["lo"]), f32_bits(n.attrs["hi"])]
+
+    def forward(self, b, n, ins, y):
+        return b.op("CLIP", "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        x = n.inputs[0]
+        if b.wants(x):
+            dx = b.grad_tensor(x, ins[0])
+            b.op("CLIP_BWD", "TRAIN", [b.index[n.output], dy, dx], self.attrs(n), n.onnx_name)
+            b.contribute(x, dx)
+
+
+@rule("maxpool", "avgpool", "gap")
+class Pool:
+    """Max, average and global average pooling; max pooling's backward reads x for the argmax."""
+
+    @staticmethod
+    def attrs(n):
+        return [n.attrs[k] for k in F.POOL_ATTRS] if n.op != "gap" else []
+
+    def forward(self, b, n, ins, y):
+        return b.op(n.op.upper(), "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        x = n.inputs[0]
+        if b.wants(x):
+            dx = b.grad_tensor(x, ins[0])
+            b.op(n.op.upper() + "_BWD", "TRAIN", [ins[0], dy, dx] if n.op == "maxpool" else [dy, dx], self.attrs(n),
+                 n.onnx_name)
+            b.contribute(x, dx)
+
+
+@rule("add")
+class Add:
+    """y = a + b (residual): both inputs get dy itself."""
+
+    def forward(self, b, n, ins, y):
+        return b.op("ADD", "FORWARD", [ins[0], ins[1], y], [], n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        for name in n.inputs:
+            b.contribute(name, dy)
 
 
 class InternalError(RuntimeError):
