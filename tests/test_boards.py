@@ -198,3 +198,18 @@ def test_mip_installs_the_native_module_with_the_device_package():
         if name.endswith(".py"):
             with open(os.path.join(package, name), "rb") as f:
                 assert board.files["/lib/microtrain/" + name] == f.read(), "package.json lacks " + name
+
+
+def test_fit_boundary_is_exact():
+    """A board with exactly the heap the plan needs fits; one byte less does not, by 1 B."""
+    import copy
+    import microtrain
+    r = microtrain.compile(models.mlp(n_in=16, hidden=32, n_out=4), update="full").report()
+    board = copy.deepcopy(boards.load_board("rpi_pico"))
+    need = sum(boards.ram_needed(r, board).values())
+    assert need >= r["ram_bytes"] + r["plan_bytes"] + boards.TRAINER_OBJECT_BYTES[4]
+    board["heap"]["free_bytes"] = need
+    assert any("0 B to spare" in n for n in boards.check(r, board))
+    board["heap"]["free_bytes"] = need - 1
+    with pytest.raises(boards.DoesNotFit, match="1 B short"):
+        boards.check(r, board)
