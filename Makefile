@@ -10,7 +10,7 @@ CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
 NATIVE_STAMP := build/native.stamp
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean rp2040js boards-table
+.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table
 
 all: native
 
@@ -46,6 +46,22 @@ demo: native
 
 test: native firmware rp2040js
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
+
+# Speed figures, not part of `make test` (the bench helper's target): exact instruction
+# counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host
+# simulator vs PyTorch time. Writes bench/results.json and docs/performance.md; see
+# benchmarks/bench.py. Each board gets its own build, and a second one with a bigger heap
+# for plans that need it (MCUNet).
+BENCH_BOARDS ?= MPS2_AN500 MPS2_AN385
+BENCH_HEAP ?= 2097152
+bench: native
+	+for b in $(BENCH_BOARDS); do \
+	    $(MAKE) firmware-qemu FIRMWARE_QEMU_BOARD=$$b FIRMWARE_QEMU_BUILD=$(MICROTRAIN_BUILD)/bench-qemu-$$b && \
+	    $(MAKE) firmware-qemu FIRMWARE_QEMU_BOARD=$$b FIRMWARE_QEMU_BUILD=$(MICROTRAIN_BUILD)/bench-qemu-$$b-bigheap \
+	        FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(BENCH_HEAP)" || exit 1; \
+	done
+	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS)
+	$(PY) benchmarks/perfdoc.py
 
 # rp2040js (npm, pinned by tests/rp2040js/package-lock.json) runs the Pico firmware in the tests
 RP2040JS_STAMP := tests/rp2040js/node_modules/.installed

@@ -7,7 +7,7 @@ from . import __version__
 from . import format as F
 from .onnx_import import import_onnx
 from .plan import Plan, assign_memory, write_plan
-from .training import build_training, macs_total
+from .training import build_training, check_gradient_paths, macs_total
 from .update import resolve_update
 
 LOSSES = ("cross-entropy", "mse")
@@ -48,6 +48,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 65535:
         raise ValueError("batch must be a whole number from 1 to 65535, got %r" % (batch,))
     graph = import_onnx(model, loss)
+    out_shape = graph.values[graph.output].onnx_shape
+    if loss == "cross-entropy" and len(out_shape) != 2:
+        raise ValueError("loss cross-entropy needs a model output of shape (1, C) or (N, C), one score per class; "
+                         "output '%s' has shape %s. Add GlobalAveragePool + Flatten (or Flatten + a Linear head) "
+                         "before the output, or use --loss mse to train towards a target of that shape"
+                         % (graph.output, tuple(out_shape)))
     trainable = resolve_update(graph, update)
     # "naive" memory shares nothing, not even between an op's input and output, so that
     # every tensor can be read after a step (debugging, tests)
@@ -58,6 +64,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     if loss == "mse" and graph.dropped_output_op:
         raise ValueError("mse loss with a dropped %s output" % graph.dropped_output_op)
     arena, state, naive, peak, blobs, data_size = assign_memory(tensors, ops, (inp, tgt), planner, guard)
+    check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train
     values = graph.values
     meta = {
         "microtrain": __version__,
