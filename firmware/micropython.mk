@@ -133,6 +133,9 @@ firmware: $(addprefix firmware-,$(FIRMWARE_TEST_HERE)) $(if $(MT_HAVE_ARM),natmo
 		firmware-circuitpython
 	@$(foreach b,$(FIRMWARE_TEST_NOT_HERE),echo "microtrain: skipping firmware $(b): no $(call mt_toolchain_missing,$(b)) (see firmware/README.md)";)
 firmware: microtrain-v0-links
+else ifeq ($(filter $(MT_BOARD_NAME),$(MT_BOARDS)),)
+firmware:
+	@echo "microtrain: no board profile boards/$(MT_BOARD_NAME).json; the boards are: $(MT_BOARDS)"; exit 2
 else
 firmware: firmware-$(MT_BOARD_NAME)
 endif
