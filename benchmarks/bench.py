@@ -204,7 +204,8 @@ def built_for(firmware):
     """The board named in a firmware build's settings (firmware/micropython.mk writes them), if any."""
     cfg = os.path.join(os.path.dirname(firmware), "microtrain.config")
     if os.path.exists(firmware) and os.path.exists(cfg):
-        names = set(open(cfg).read().split()) & set(qemu_count.BOARDS)
+        words = [w.strip("'\"").split("=")[-1] for w in open(cfg).read().split()]
+        names = set(words) & set(qemu_count.BOARDS)
         return names.pop() if len(names) == 1 else None
     return None
 
@@ -249,7 +250,9 @@ def main():
     args = ap.parse_args()
     for b in args.boards:
         qemu_count.board(b)
-    given = {k: dict(a.split("=", 1) for a in v) for k, v in (("std", args.firmware), ("big", args.big_firmware))}
+    args.boards = [b.upper() for b in args.boards]
+    given = {k: {b.upper(): f for b, f in (a.split("=", 1) for a in v)}
+             for k, v in (("std", args.firmware), ("big", args.big_firmware))}
 
     cases = [Case(*c) for c in bench_models.cases() if not args.only or c[0] in args.only]
     host = {}
