@@ -10,12 +10,17 @@ board computed is checked against the host simulator (loss and output within
 1e-4), and the baseline's loss against the core's, so a wrong run is an error,
 not a figure.
 
-    python benchmarks/bench.py [--board MPS2_AN500] [--runs 2] [--out bench/results.json]
+    python benchmarks/bench.py [--boards MPS2_AN500 ...] [--runs 2] [--only mlp-full ...] [--out ...]
+
+While changing kernels: `make firmware-qemu` and then
+    python benchmarks/bench.py --only fixed mlp-full cnn-full --no-host --out build/bench.json
+counts those cases on the test firmware in a few seconds.
 
 `make bench` runs it with two runs (the counts must repeat exactly) and then
 benchmarks/perfdoc.py, which writes docs/performance.md from the JSON.
 """
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -189,15 +194,25 @@ def table(entries):
 
 
 def firmware_for(board, given, big):
-    """The firmware to count on for a board: --firmware BOARD=PATH, else `make bench`'s build
-    (build/bench-qemu-<board>[-bigheap]), else `make firmware`'s if it was built for that board."""
+    """The firmware to count on for a board: --firmware BOARD=PATH, else the newer of `make bench`'s
+    build (build/bench-qemu-<board>[-bigheap]) and `make firmware`'s if that was built for the board."""
     if given.get(board):
         return given[board]
     path = os.path.join(ROOT, "build", "bench-qemu-%s%s" % (board, "-bigheap" if big else ""), "firmware.elf")
     test_build = os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf")
-    if not big and not os.path.exists(path) and built_for(test_build) == board:
+    if not big and built_for(test_build) == board and (
+            not os.path.exists(path) or os.path.getmtime(test_build) > os.path.getmtime(path)):
         return test_build
     return path
+
+
+def check_fresh(firmware):
+    """A firmware older than the module's sources would count old code."""
+    sources = glob.glob(os.path.join(ROOT, "modules", "microtrain", "*.[ch]"))
+    newer = sorted(os.path.basename(p) for p in sources if os.path.getmtime(p) > os.path.getmtime(firmware))
+    if newer:
+        raise RuntimeError("%s is older than modules/microtrain/%s: rebuild it (`make bench` does)"
+                           % (os.path.relpath(firmware, ROOT), ", ".join(newer)))
 
 
 def built_for(firmware):
@@ -245,6 +260,7 @@ def main():
     ap.add_argument("--runs", type=int, default=1, help="qemu runs; with 2 or more the counts must be identical")
     ap.add_argument("--only", nargs="*", help="case ids (%s)" % " ".join(c[0] for c in bench_models.cases()))
     ap.add_argument("--no-qemu", action="store_true", help="host figures only")
+    ap.add_argument("--no-host", action="store_true", help="instruction counts only (no simulator or PyTorch timing)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
     ap.add_argument("-v", "--verbose", action="store_true", help="echo what the board prints")
     args = ap.parse_args()
@@ -256,7 +272,7 @@ def main():
 
     cases = [Case(*c) for c in bench_models.cases() if not args.only or c[0] in args.only]
     host = {}
-    for c in cases:
+    for c in ([] if args.no_host else cases):
         host[c.id] = host_speed(c)
         print("%-12s host %8.1f us/step, torch eager %8.1f us/step" % ((c.id,) + host[c.id]))
 
@@ -267,6 +283,8 @@ def main():
             if os.path.exists(f) and built_for(f) not in (None, board):
                 raise ValueError("%s was built for %s, not %s: pass --firmware %s=PATH" % (f, built_for(f), board, board))
         sessions, board_notes = sessions_for(board, fw, big, cases)
+        for f in set(s[0] for s in sessions):
+            check_fresh(f)
         notes.update({(board, cid): n for cid, n in board_notes.items()})
         for run in range(args.runs):
             for f, group, baselines in sessions:
@@ -307,8 +325,9 @@ def main():
             out.append(dict(model=c.model, update=c.update, board=board, instr_per_step=step,
                             instr_per_predict=r.get("predict"), macs_per_step=macs,
                             instr_per_mac=round(step / macs, 1) if step is not None and macs else None,
-                            baseline_instr_per_step=r.get("baseline"), host_us_per_step=round(host[c.id][0], 1),
-                            torch_us_per_step=round(host[c.id][1], 1)))
+                            baseline_instr_per_step=r.get("baseline"),
+                            host_us_per_step=round(host[c.id][0], 1) if c.id in host else None,
+                            torch_us_per_step=round(host[c.id][1], 1) if c.id in host else None))
     print()
     print(table(out))
     named = {c.id: "%s / %s" % (c.model, c.update) for c in cases}
