@@ -10,7 +10,7 @@ CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
 NATIVE_STAMP := build/native.stamp
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean bench
+.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table
 
 all: native
 
@@ -44,7 +44,7 @@ demo: native
 	$(PY) -m microtrain report $(DEMO_PLAN) --svg build/digits-arena.svg
 	$(PY) -m microtrain simulate $(DEMO_PLAN) --data examples/digits_user.npz --epochs 5
 
-test: native firmware
+test: native firmware rp2040js
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
@@ -62,6 +62,20 @@ bench: native
 	done
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS)
 	$(PY) benchmarks/perfdoc.py
+
+# rp2040js (npm, pinned by tests/rp2040js/package-lock.json) runs the Pico firmware in the tests
+RP2040JS_STAMP := tests/rp2040js/node_modules/.installed
+$(RP2040JS_STAMP): tests/rp2040js/package.json tests/rp2040js/package-lock.json
+	@if command -v npm >/dev/null; then \
+	    cd tests/rp2040js && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "microtrain: no npm; the rp2040js device tests will not run (apt-get install nodejs npm)"; fi
+rp2040js: $(RP2040JS_STAMP)
+
+# docs/boards.md's table: image sizes of build/firmware/*, free heap measured at boot on every
+# board that runs here (unix, qemu, rp2040js), status; --update-profiles writes the measured
+# heap into boards/*.json too
+boards-table: native
+	$(PY) firmware/boards_table.py --update-profiles
 
 clean: firmware-clean
 	rm -rf build host/build host/microtrain/_native*.so host/microtrain/_native.c .pytest_cache

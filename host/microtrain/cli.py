@@ -12,6 +12,7 @@ def _compile(args):
     from .compiler import compile
     plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
                    weight_decay=args.weight_decay, batch=args.batch, planner=args.planner)
+    fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
     print("wrote %s: %d bytes, %d ops, arena %d B (naive %d B), parameters and optimizer state %d B, "
@@ -19,6 +20,25 @@ def _compile(args):
                               r["param_bytes"], r["const_bytes"]))
     for note in r["notes"]:
         print("note: " + note)
+    for line in fit:
+        print("board: " + line)
+
+
+def _board_check(report, board):
+    if not board:
+        return []
+    from . import boards
+    return boards.check(report, boards.load_board(board))
+
+
+def _boards(args):
+    from .boards import print_boards
+    print_boards(as_json=args.json)
+
+
+def _flash(args):
+    from .boards import flash
+    flash(args.board, port=args.port, image=args.image, dry_run=args.dry_run)
 
 
 def _kb(n):
@@ -50,6 +70,7 @@ def print_report(r, out=sys.stdout, tensors=True):
 def _report(args):
     from .plan import load_plan
     r = load_plan(args.plan).report()
+    fit = _board_check(r, args.board)
     if args.svg:
         from .svg import arena_svg
         with open(args.svg, "w") as f:
@@ -60,6 +81,8 @@ def _report(args):
         print_report(r)
         if args.svg:
             print("\narena picture written to %s" % args.svg)
+        for line in fit:
+            print("board           %s" % line)
 
 
 def load_data(path):
@@ -110,11 +133,14 @@ def main(argv=None):
     c.add_argument("--weight-decay", type=float, default=0.0)
     c.add_argument("--batch", type=int, default=1, help="samples per update (1: update after every sample)")
     c.add_argument("--planner", default="greedy", choices=["greedy", "naive"])
+    c.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards); "
+                   "fail, writing nothing, if it does not")
     c.set_defaults(func=_compile)
     r = sub.add_parser("report", help="memory and compute report of a plan")
     r.add_argument("plan")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument("--svg", metavar="FILE", help="also draw the arena timeline as SVG")
+    r.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards)")
     r.set_defaults(func=_report)
     s = sub.add_parser("simulate", help="train a plan on the host with the device's C core")
     s.add_argument("plan")
@@ -124,6 +150,15 @@ def main(argv=None):
     s.add_argument("--seed", type=int, default=0, help="shuffle seed")
     s.add_argument("--save-params", metavar="FILE.npz", help="write the trained parameters")
     s.set_defaults(func=_simulate)
+    b = sub.add_parser("boards", help="list the supported boards and their memory budgets")
+    b.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    b.set_defaults(func=_boards)
+    f = sub.add_parser("flash", help="write a board's firmware (make firmware BOARD=NAME) with its family's tool")
+    f.add_argument("--board", required=True, metavar="NAME")
+    f.add_argument("--port", help="serial port (esptool)")
+    f.add_argument("--image", help="firmware image (default: build/firmware/NAME/<image>)")
+    f.add_argument("--dry-run", action="store_true", help="print the command only")
+    f.set_defaults(func=_flash)
     args = p.parse_args(argv)
     try:
         args.func(args)

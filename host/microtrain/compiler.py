@@ -48,6 +48,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 65535:
         raise ValueError("batch must be a whole number from 1 to 65535, got %r" % (batch,))
     graph = import_onnx(model, loss)
+    out_shape = graph.values[graph.output].onnx_shape
+    if loss == "cross-entropy" and len(out_shape) != 2:
+        raise ValueError("loss cross-entropy needs a model output of shape (1, C) or (N, C), one score per class; "
+                         "output '%s' has shape %s. Add GlobalAveragePool + Flatten (or Flatten + a Linear head) "
+                         "before the output, or use --loss mse to train towards a target of that shape"
+                         % (graph.output, tuple(out_shape)))
     trainable = resolve_update(graph, update)
     # "naive" memory shares nothing, not even between an op's input and output, so that
     # every tensor can be read after a step (debugging, tests)

@@ -54,6 +54,8 @@ class Graph:
     output: str
     notes: list = field(default_factory=list)   # what the importer changed (folds, dropped softmax)
     dropped_output_op: str | None = None        # "Softmax"/"LogSoftmax" removed from the output
+    # parameter -> {"init": the ONNX initializer it comes from, "folds": what changed its value}
+    origins: dict = field(default_factory=dict)
 
     def layers(self):
         """Nodes that own parameters, in execution order."""

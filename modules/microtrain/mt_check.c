@@ -94,19 +94,16 @@ static int gemm_dims(int32_t layout, const mt_tensor_t *w, uint32_t *O, uint32_t
     return 1;
 }
 
-/* The optimizer sink of a gradient op applies the update at once when batch is 1
- * (with a momentum buffer if momentum is on) and otherwise adds into an
- * accumulator that the SGD op applies at the end of the batch. */
+/* Where a gradient op sends its gradient: straight into an SGD update of the
+ * parameter (only with batch 1; momentum buffer present iff momentum > 0), or
+ * into an accumulator (no momentum buffer) that an SGD op applies when a batch
+ * ends, also with batch 1 (a parameter shared by two layers sums both
+ * gradients first). The SGD op itself needs the accumulator. */
 static int check_sink(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
     int is_grad_op) {
-    int batched = ctx->batch > 1;
-    int has_m = m->n != 0, has_acc = acc->n != 0;
-    int want_m = ctx->momentum > 0.0f && (!is_grad_op || !batched);
-    int want_acc = is_grad_op ? batched : 1;
-    if ((!is_grad_op && !batched) || has_m != want_m || has_acc != want_acc) {
-        return 0;
-    }
-    return (!has_m || (m->n == w->n && (m->flags & MT_TFLAG_MOMENTUM)))
+    int has_m = m->n != 0, has_acc = acc->n != 0, want_m = ctx->momentum > 0.0f;
+    int ok = is_grad_op ? (has_acc ? !has_m : ctx->batch == 1 && has_m == want_m) : has_acc && has_m == want_m;
+    return ok && (!has_m || (m->n == w->n && (m->flags & MT_TFLAG_MOMENTUM)))
            && (!has_acc || (acc->n == w->n && (acc->flags & MT_TFLAG_GRAD_ACC)));
 }
 

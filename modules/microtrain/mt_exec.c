@@ -151,9 +151,7 @@ static int step(mt_ctx_t *ctx, float *loss) {
         return err;
     }
     ctx->steps++;
-    if (ctx->batch == 1) {
-        ctx->updates++;
-    } else if (ctx->steps % ctx->batch == 0) {
+    if (ctx->steps % ctx->batch == 0) {   /* BATCH_END ops run with batch 1 too (shared parameters) */
         err = run_phases(ctx, MT_PHASE_BATCH_END, MT_PHASE_BATCH_END);
         if (err != MT_OK) {
             return err;
