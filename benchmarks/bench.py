@@ -12,7 +12,7 @@ not a figure.
 
     python benchmarks/bench.py [--boards MPS2_AN500 ...] [--runs 2] [--only mlp-full ...] [--out ...]
 
-While changing kernels: `make firmware-qemu` and then
+While changing kernels: `make firmware-mps2_an500` and then
     python benchmarks/bench.py --only fixed mlp-full cnn-full --no-host --out build/bench.json
 counts those cases on the test firmware in a few seconds.
 
@@ -194,16 +194,11 @@ def table(entries):
 
 
 def firmware_for(board, given, big):
-    """The firmware to count on for a board: --firmware BOARD=PATH, else the newer of `make bench`'s
-    build (build/bench-qemu-<board>[-bigheap]) and `make firmware`'s if that was built for the board."""
+    """The firmware to count on for a board: --firmware BOARD=PATH, else `make firmware`'s build
+    (build/firmware/<board>/) or `make bench`'s big-heap one (build/bench-bigheap/<board>/)."""
     if given.get(board):
         return given[board]
-    path = os.path.join(ROOT, "build", "bench-qemu-%s%s" % (board, "-bigheap" if big else ""), "firmware.elf")
-    test_build = os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf")
-    if not big and built_for(test_build) == board and (
-            not os.path.exists(path) or os.path.getmtime(test_build) > os.path.getmtime(path)):
-        return test_build
-    return path
+    return os.path.join(ROOT, "build", "bench-bigheap" if big else "firmware", board.lower(), "firmware.elf")
 
 
 def check_fresh(firmware):
@@ -240,9 +235,9 @@ def sessions_for(board, fw, big, cases):
             continue
         groups.setdefault(fits[0], []).append(c)
         if fits[0] == big:
-            notes[c.id] = "counted on a build with a %d KB heap (the plan needs %d KB of RAM; the standard qemu " \
-                          "build has %d KB)" % (firmware_heap(big) >> 10, c.report["ram_bytes"] >> 10,
-                                                STANDARD_HEAP >> 10)
+            notes[c.id] = "counted on the same board built with a %d KB heap (MICROPY_HEAP_SIZE; `make bench` " \
+                          "builds it): the plan needs %d KB of RAM, the standard build's heap is %d KB" % (
+                              firmware_heap(big) >> 10, c.report["ram_bytes"] >> 10, STANDARD_HEAP >> 10)
     sessions = [(f, group, []) for f, group in groups.items()]
     sessions += [(fw, [], [c]) for c in cases if c.has_baseline and os.path.exists(fw)]
     return sessions, notes
@@ -253,10 +248,10 @@ def main():
     ap.add_argument("--boards", nargs="+", default=os.environ.get("BENCH_BOARDS", "MPS2_AN500").split(),
                     help="qemu boards (%s)" % ", ".join(qemu_count.BOARDS))
     ap.add_argument("--firmware", action="append", default=[], metavar="BOARD=PATH",
-                    help="firmware.elf for a board (default build/bench-qemu-<board>/firmware.elf)")
+                    help="firmware.elf for a board (default build/firmware/<board>/firmware.elf)")
     ap.add_argument("--big-firmware", action="append", default=[], metavar="BOARD=PATH",
                     help="a build with a bigger heap, for plans that need it "
-                         "(default build/bench-qemu-<board>-bigheap/firmware.elf)")
+                         "(default build/bench-bigheap/<board>/firmware.elf)")
     ap.add_argument("--runs", type=int, default=1, help="qemu runs; with 2 or more the counts must be identical")
     ap.add_argument("--only", nargs="*", help="case ids (%s)" % " ".join(c[0] for c in bench_models.cases()))
     ap.add_argument("--no-qemu", action="store_true", help="host figures only")
@@ -292,7 +287,7 @@ def main():
                 if run == 0:
                     for cid, r in res.items():
                         counted.setdefault((board, cid), {}).update(r)
-                tag = "%s %s" % (board, os.path.basename(os.path.dirname(f)))
+                tag = "%s %s" % (board, "big heap" if f == big else "standard")
                 raw_runs[run].update({"%s %s" % (tag, k): v for k, v in counts.items()})
     # The Trainer windows must repeat exactly. The plain-MicroPython baseline's include garbage
     # collections, and MicroPython's collector scans the stack conservatively: a stale word
