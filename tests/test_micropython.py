@@ -228,8 +228,43 @@ def data_api():
                 PLAN_ONE_TARGET=one.data)
 
 
+def data_state():
+    """MLP, momentum 0.9, batch 3; the checkpoint is taken mid-batch (STOP = 7 of TOTAL = 12 steps)."""
+    mlp = lambda seed: models.mlp(n_in=8, hidden=6, n_out=3, seed=seed)   # noqa: E731
+    plan = microtrain.compile(mlp(7), update="full", lr=0.05, momentum=0.9, batch=3)
+    other = microtrain.compile(mlp(8), update="full", lr=0.05, momentum=0.9, batch=3)
+    rng = np.random.default_rng(7)
+    x, y = learnable(rng, 5, 8, 3)
+    stop, total = 7, 12
+    host = Core(plan.data)
+    for i in range(stop):
+        host.step_label(x[i % 5], y[i % 5])
+    info, blob = host.info(), host.save_state()
+    for i in range(stop, total):
+        host.step_label(x[i % 5], y[i % 5])
+    new = {k: rng.normal(size=host.param(k).shape).astype(np.float32) for k in host.param_names}
+    fresh = Core(plan.data)
+    fresh.set_params(new)
+    return dict(PLAN=plan.data, PLAN_OTHER=other.data, N=5, X=f32(x), Y=[int(v) for v in y], STOP=stop,
+                TOTAL=total, HOST_INFO=info, HOST_STATE_LEN=host.state_len, HOST_BLOB=blob,
+                HOST_PARAMS={k: f32(host.param(k)) for k in host.param_names},
+                NEW_PARAMS={k: f32(v) for k, v in new.items()}, HOST_PRED_NEW=f32(fresh.predict(x[0])))
+
+
+def data_plan_buffer():
+    """A fully trained MLP, a CNN with frozen layers, and another plan as long as the MLP's."""
+    full = microtrain.compile(models.mlp(n_in=8, hidden=40, n_out=3, seed=9), update="full", lr=0.05, momentum=0.9)
+    other = microtrain.compile(models.mlp(n_in=8, hidden=40, n_out=3, seed=10), update="full", lr=0.05, momentum=0.9)
+    frozen = microtrain.compile(models.cnn(seed=9, hw=6, n_out=3), update="last-layer", lr=0.05)
+    assert len(full.data) == len(other.data) and len(full.data) > 1200 and frozen.report()["const_bytes"] > 0
+    rng = np.random.default_rng(9)
+    return dict(PLAN_FULL=full.data, PLAN_FROZEN=frozen.data, PLAN_OTHER=other.data,
+                X_FULL=f32(rng.normal(size=8)), Y_FULL=1, X_FROZEN=f32(rng.normal(size=72)), Y_FROZEN=2)
+
+
 DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "noalloc": data_noalloc,
-        "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api}
+        "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api,
+        "state": data_state, "plan_buffer": data_plan_buffer}
 
 
 def data_board_fit():

@@ -73,6 +73,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         "output": {"name": graph.output, "shape": [1] + list(values[graph.output].onnx_shape[1:])},
         "param_shapes": {t.name: list(t.onnx_shape) for t in tensors if t.flags & F.TFLAGS["PARAM"]},
         "notes": graph.notes,
+        # for export and params(): where each layer parameter comes from in the ONNX model
+        "model": graph.fingerprint,
+        "params": {p: dict(graph.origins[p], shape=list(values[p].onnx_shape)) for p in graph.origins},
+        "layers": [dict(node=n.onnx_name, op=n.op, weight=n.weight(), bias=n.bias(),
+                        weight_init=graph.origins[n.weight()]["init"], w_layout=n.attrs.get("w_layout"), **n.parts)
+                   for n in graph.layers()],
         "planner": planner,
         # tensors that share another's memory (views, ops run in place): index -> index of the owner
         "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},

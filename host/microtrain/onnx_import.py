@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from . import export
 from .ir import Graph, Node, Value
 
 MIN_OPSET, MAX_OPSET = 13, 21
@@ -47,7 +48,8 @@ def _where(node):
 
 
 def load_model(model):
-    """A ModelProto from a path, bytes or ModelProto, at an opset microtrain reads."""
+    """(ModelProto at an opset microtrain reads, notes, fingerprint of the model as given)
+    from a path, bytes or ModelProto."""
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         try:
             model = onnx.load(model) if not isinstance(model, bytes) else onnx.load_from_string(model)
@@ -62,6 +64,7 @@ def load_model(model):
         raise UnsupportedModel("ONNX opset %d is newer than microtrain reads (%d to %d); re-export with "
                                "opset_version=%d" % (opset, MIN_OPSET, MAX_OPSET, MAX_OPSET))
     notes = []
+    fingerprint = export.fingerprint(model)
     if opset < MIN_OPSET:
         try:
             model = onnx.version_converter.convert_version(model, MIN_OPSET)
@@ -69,7 +72,7 @@ def load_model(model):
             raise UnsupportedModel("ONNX opset %d is older than %d and onnx's version converter failed: %s"
                                    % (opset, MIN_OPSET, e)) from e
         notes.append("converted from opset %d to %d with onnx.version_converter" % (opset, MIN_OPSET))
-    return model, notes
+    return model, notes, fingerprint
 
 
 def internal_shape(shape, what):
@@ -458,6 +461,8 @@ class Importer:
         if prod.op == "conv" and C.size != O and C.size != 1:
             raise UnsupportedModel("%s: constant of shape %s is not a per-channel bias" % (_where(node), C.shape))
         prod.inputs[2] = self.bias_param(node, consts[0], C, O, len(self.acts[x]))
+        prod.parts.update(bias_add=node.name or node.output[0],
+                          bias_input=node.input[[self.r(i) for i in node.input].index(consts[0])])
         self.alias[node.output[0]] = x
 
     # ---- activations and pooling ----
@@ -624,6 +629,7 @@ class Importer:
                 self.origins[prod.inputs[2]]["folds"].append(how)
             else:
                 prod.inputs[2] = self.param(ins[2], newb, newb.shape, node, how + " (as the layer's bias)")
+            prod.parts["bn"] = node.name or node.output[0]
             self.alias[node.output[0]] = x
             self.notes.append("%s folded into '%s'" % (_where(node), prod.onnx_name))
             return
@@ -663,8 +669,9 @@ class Importer:
 
 
 def import_onnx(model, loss="cross-entropy"):
-    model, notes = load_model(model)
+    model, notes, fingerprint = load_model(model)
     imp = Importer(model, loss)
     graph = imp.run()
     graph.notes[:0] = notes
+    graph.fingerprint = fingerprint
     return graph
