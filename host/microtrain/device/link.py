@@ -1,0 +1,153 @@
+"""The host's end of the serial protocol (protocol.py, shared with the board):
+commands out, answers back, resends on silence, NAK or a bad checksum."""
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from . import protocol as P
+from .errors import BoardError, BoardReset, LinkError
+
+# What the board prints when it (re)starts or sits at a REPL prompt: bytes outside
+# frames that mean the server is no longer there.
+REPL_SIGNS = (b"MicroPython v", b"raw REPL; CTRL-B", b"\n>>> ")
+
+
+class Stats:
+    """Counts of one link's traffic; `resent` is what the fault tests report."""
+
+    def __init__(self):
+        self.sent = self.resent = self.received = 0
+        self.bad = self.naks = self.timeouts = 0
+        self.bytes_out = self.bytes_in = 0
+
+    def __repr__(self):
+        return ("frames sent %d (resent %d), received %d; bad frames %d, NAKs %d, timeouts %d; "
+                "bytes out %d, in %d" % (self.sent, self.resent, self.received, self.bad, self.naks,
+                                         self.timeouts, self.bytes_out, self.bytes_in))
+
+
+class Link:
+    """Commands over a byte stream `port` (a pyserial Serial, or anything with read(n),
+    write(b), a `timeout` attribute and `in_waiting`).
+
+    byte_time: seconds per byte on the wire (1e-4 is 115200 baud, 8N1), for the
+    wait before a resend; retries: sends of one command before giving up."""
+
+    def __init__(self, port, byte_time=1e-4, retries=30, stats=None):
+        self.port = port
+        self.byte_time = byte_time
+        self.retries = retries
+        self.stats = stats or Stats()
+        self.seq = random.randrange(1 << 16)
+        self.rx = bytearray()
+        self.noise = bytearray()   # recent bytes that were not part of a good frame
+
+    # ---- receiving ----
+    def _fill(self, deadline):
+        """Read what has arrived, waiting until deadline for at least a byte. False on timeout."""
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            return False
+        old = self.port.timeout     # mpremote, sharing the port, expects its own
+        self.port.timeout = min(wait, 0.05)
+        try:
+            data = self.port.read(max(1, self.port.in_waiting))
+        finally:
+            self.port.timeout = old
+        if data:
+            self.rx += data
+            self.stats.bytes_in += len(data)
+        return True
+
+    def _skip(self, n):
+        self.noise += self.rx[:n]
+        del self.rx[:n]
+        del self.noise[:-256]
+        if any(sign in self.noise for sign in REPL_SIGNS):
+            text = bytes(self.noise).decode("ascii", "replace")
+            self.noise.clear()
+            raise BoardReset("the board restarted or left the server (it printed %r)" % text[-60:])
+
+    def next_frame(self, deadline):
+        """The next intact frame (kind, flags, seq, payload), or None at deadline."""
+        while True:
+            i = self.rx.find(P.SYNC)
+            if i < 0:
+                self._skip(max(0, len(self.rx) - 1))
+            else:
+                self._skip(i)
+                if len(self.rx) >= P.HEADER_LEN:
+                    head = P.parse_header(self.rx)
+                    if head is None:
+                        self._skip(1)
+                        continue
+                    kind, flags, seq, n = head
+                    end = P.HEADER_LEN + n + P.CRC_LEN
+                    if len(self.rx) >= end:
+                        payload = bytes(self.rx[P.HEADER_LEN:P.HEADER_LEN + n])
+                        crc = int.from_bytes(self.rx[end - P.CRC_LEN:end], "little")
+                        if crc == P.frame_crc(self.rx, payload):
+                            del self.rx[:end]
+                            self.stats.received += 1
+                            return kind, flags, seq, payload
+                        self.stats.bad += 1
+                        self._skip(1)   # a false sync, or a damaged frame: look further on
+                        continue
+            if not self._fill(deadline):
+                return None
+
+    # ---- commands ----
+    def send_time(self, nbytes):
+        return nbytes * self.byte_time
+
+    def request(self, kind, payload=b"", timeout=5.0, ack=False):
+        """Send a command, return the payload of its answer. timeout: seconds the board
+        may take to answer once the command has arrived. ack: ask for an ACK first,
+        so a lost command is resent without waiting for the whole timeout."""
+        self.seq = (self.seq + 1) & 0xFFFF
+        frame = P.encode(kind, self.seq, payload, P.FLAG_ACK if ack else 0)
+        return self.exchange(frame, kind, self.seq, timeout, ack)
+
+    def exchange(self, frame, kind, seq, timeout=5.0, ack=False, retries=None):
+        """Send an encoded command frame until its answer arrives; see request()."""
+        retries = retries or self.retries
+        # the frame out, and the answer back, plus time for the board to notice
+        wire = self.send_time(len(frame) + P.OVERHEAD + 64) + 0.25
+        for attempt in range(retries):
+            if attempt:
+                self.stats.resent += 1
+            self.port.write(frame)
+            self.stats.sent += 1
+            self.stats.bytes_out += len(frame)
+            deadline = time.monotonic() + wire + (0 if ack else timeout)
+            acked = False
+            while True:
+                got = self.next_frame(deadline)
+                if got is None:
+                    self.stats.timeouts += 1
+                    break
+                k, _, s, body = got
+                if k == P.NAK:
+                    self.stats.naks += 1
+                    break
+                if s != seq:
+                    continue            # a late answer to an earlier try
+                if k == P.ACK:
+                    if not acked:
+                        acked = True
+                        deadline = time.monotonic() + timeout + wire
+                    continue
+                if k == P.ERROR:
+                    err = json.loads(body.decode())
+                    raise BoardError(err.get("error", "Error"), err.get("message", ""))
+                if k == kind | P.REPLY:
+                    return body
+        raise LinkError("no intact answer to %s after %d tries (%d frames failed their checksum, "
+                        "%d timeouts): check the cable and the port"
+                        % (P.NAMES.get(kind, hex(kind)), retries, self.stats.bad, self.stats.timeouts))
+
+    def request_json(self, kind, obj=None, timeout=5.0, ack=False):
+        body = b"" if obj is None else json.dumps(obj).encode()
+        return json.loads(self.request(kind, body, timeout=timeout, ack=ack).decode())
