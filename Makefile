@@ -10,7 +10,7 @@ CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
 NATIVE_STAMP := build/native.stamp
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean
+.PHONY: all demo test venv native header clean distclean bench
 
 all: native
 
@@ -46,6 +46,18 @@ demo: native
 
 test: native firmware
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
+
+# Speed figures, not part of `make test` (the bench helper's target): exact instruction
+# counts per step on qemu (two runs, which must agree), host simulator vs PyTorch time.
+# Writes bench/results.json and docs/performance.md; see benchmarks/bench.py. Plans too
+# big for the standard heap (MCUNet) run on a second build with a bigger heap.
+BENCH_HEAP ?= 2097152
+BENCH_BIG_FIRMWARE = $(MICROTRAIN_BUILD)/bench-qemu-$(FIRMWARE_QEMU_BOARD)-bigheap/firmware.elf
+bench: native firmware-qemu
+	+$(MAKE) firmware-qemu FIRMWARE_QEMU_BUILD=$(patsubst %/,%,$(dir $(BENCH_BIG_FIRMWARE))) \
+	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(BENCH_HEAP)"
+	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --board $(FIRMWARE_QEMU_BOARD) \
+	    --firmware $(FIRMWARE_QEMU) --big-firmware $(BENCH_BIG_FIRMWARE)
 
 clean: firmware-clean
 	rm -rf build host/build host/microtrain/_native*.so host/microtrain/_native.c .pytest_cache

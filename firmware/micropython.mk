@@ -6,8 +6,9 @@
 #     firmware-unix    build/micropython-unix/micropython   (host executable)
 #     firmware-qemu    build/micropython-qemu/firmware.elf  (Cortex-M7, qemu mps2-an500)
 #     firmware         both
-#     firmware-natmod  build/natmod-$(NATMOD_ARCH)/microtrain.mpy (native module, NATMOD_ARCH=x64 by default)
+#     firmware-natmod  build/natmod-$(NATMOD_ARCH)/_microtrain.mpy (native module, NATMOD_ARCH=x64 by default)
 #     firmware-check   report the MicroPython checkout and its version
+#     micropython      get MicroPython v1.28.0 into MICROPY_DIR (firmware/fetch-sources.sh)
 #     firmware-clean   remove both build directories
 # Every path and flag below is overridable on the command line, e.g.
 #     make firmware-unix MICROPY_DIR=~/src/micropython
@@ -22,20 +23,30 @@ MICROTRAIN_ROOT := $(patsubst %/,%,$(dir $(abspath $(dir $(lastword $(MAKEFILE_L
 MICROPY_DIR ?= $(HOME)/.cache/microtrain/micropython
 MICROPY_TAG := v1.28.0
 MICROPY_VERSION_WANT := $(patsubst v%,%,$(MICROPY_TAG))
+# A MicroPython source tarball to unpack when MICROPY_DIR is empty (else git clone, else the
+# vendored one); passed to firmware/fetch-sources.sh through the environment.
+MICROPY_TARBALL ?=
+export MICROPY_TARBALL
 
 MICROTRAIN_BUILD ?= $(MICROTRAIN_ROOT)/build
 MICROTRAIN_USER_C_MODULES ?= $(MICROTRAIN_ROOT)/modules
 
 FIRMWARE_UNIX_BUILD ?= $(MICROTRAIN_BUILD)/micropython-unix
 FIRMWARE_UNIX_VARIANT ?= standard
-FIRMWARE_UNIX_ARGS ?= FROZEN_MANIFEST= MICROPY_PY_BTREE=0 MICROPY_PY_SSL=0 MICROPY_SSL_AXTLS=0 MICROPY_PY_FFI=0
+# The frozen Python: the device package microtrain (modules/microtrain/manifest.py), nothing else.
+MICROTRAIN_MANIFEST ?= $(MICROTRAIN_ROOT)/modules/microtrain/manifest.py
+FIRMWARE_UNIX_ARGS ?= FROZEN_MANIFEST=$(MICROTRAIN_MANIFEST) MICROPY_PY_BTREE=0 MICROPY_PY_SSL=0 MICROPY_SSL_AXTLS=0 MICROPY_PY_FFI=0
 
 FIRMWARE_QEMU_BUILD ?= $(MICROTRAIN_BUILD)/micropython-qemu
 FIRMWARE_QEMU_BOARD ?= MPS2_AN500
-FIRMWARE_QEMU_ARGS ?= FROZEN_MANIFEST=
+FIRMWARE_QEMU_ARGS ?= FROZEN_MANIFEST=$(MICROTRAIN_MANIFEST)
 
 NATMOD_ARCH ?= x64
 FIRMWARE_NATMOD_BUILD ?= $(MICROTRAIN_BUILD)/natmod-$(NATMOD_ARCH)
+
+# The Python that runs MicroPython's tools (mpy_ld.py needs pyelftools): the project's
+# venv when there is one (the top-level Makefile's PY).
+MICROTRAIN_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 
 # Extra arguments for MicroPython's make (e.g. V=1 or COPT=-O0).
 FIRMWARE_MAKE_ARGS ?=
@@ -51,7 +62,9 @@ MICROTRAIN_MODULES_ABS = $(abspath $(MICROTRAIN_USER_C_MODULES))
 # The module's sources: a change here rebuilds; a change in the set of files
 # (or in the settings below) starts from a clean build directory, since
 # MicroPython's generated headers do not follow a changing module set.
-MICROTRAIN_MODULE_FILES = $(sort $(wildcard $(MICROTRAIN_USER_C_MODULES)/*/*.c $(MICROTRAIN_USER_C_MODULES)/*/*.h $(MICROTRAIN_USER_C_MODULES)/*/micropython.mk))
+MICROTRAIN_MODULE_FILES = $(sort $(wildcard $(MICROTRAIN_USER_C_MODULES)/*/*.c $(MICROTRAIN_USER_C_MODULES)/*/*.h \
+	$(MICROTRAIN_USER_C_MODULES)/*/micropython.mk $(MICROTRAIN_USER_C_MODULES)/*/manifest.py \
+	$(MICROTRAIN_USER_C_MODULES)/*/python/*/*.py))
 MICROTRAIN_FIRMWARE_MK := $(abspath $(lastword $(MAKEFILE_LIST)))
 
 # MicroPython's make gets only our explicit arguments and the parent's jobserver:
@@ -66,16 +79,33 @@ MICROTRAIN_SUBMAKE = env $(addprefix -u ,$(MICROTRAIN_CMDLINE_VARS)) \
 # 1.28.0 from py/mpconfig.h, empty if there is no checkout.
 MICROPY_VERSION_FOUND := $(shell awk '/^\#define MICROPY_VERSION_(MAJOR|MINOR|MICRO) /{v = v (v == "" ? "" : ".") $$3} END {print v}' "$(MICROPY_DIR)/py/mpconfig.h" 2>/dev/null)
 
-.PHONY: firmware firmware-unix firmware-qemu firmware-natmod firmware-check firmware-clean microtrain-firmware-force
+.PHONY: firmware firmware-unix firmware-qemu firmware-natmod firmware-check firmware-clean microtrain-firmware-force micropython
+
+# MicroPython v1.28.0 and micropython-lib (which frozen manifests need) into MICROPY_DIR.
+micropython:
+	@$(MICROTRAIN_ROOT)/firmware/fetch-sources.sh micropython "$(MICROPY_DIR)"
+
+# Vendored sources (firmware/fetch-sources.sh vendor): with them a fresh machine gets
+# MicroPython without the network, so the firmware targets fetch it themselves.
+MICROTRAIN_VENDOR_FOUND := $(shell $(MICROTRAIN_ROOT)/firmware/fetch-sources.sh vendor 2>/dev/null)
 
 firmware-clean:
 	rm -rf "$(FIRMWARE_UNIX_BUILD)" "$(FIRMWARE_QEMU_BUILD)" "$(MICROTRAIN_BUILD)"/natmod-*
 
 ifeq ($(wildcard $(MICROPY_DIR)/py/mpconfig.h),)
+ifneq ($(MICROPY_TARBALL)$(MICROTRAIN_VENDOR_FOUND),)
+
+# No checkout, but sources at hand: get them, then build.
+firmware firmware-unix firmware-qemu firmware-natmod firmware-check: micropython
+	+@$(MICROTRAIN_SUBMAKE) -f $(firstword $(MAKEFILE_LIST)) $@ MICROPY_DIR="$(MICROPY_DIR)"
+
+else
 
 # No checkout: say so once and succeed, so `make` works without MicroPython.
 firmware firmware-unix firmware-qemu firmware-natmod firmware-check:
-	@echo "microtrain: no MicroPython checkout at $(MICROPY_DIR); set MICROPY_DIR (see firmware/README.md); skipping $@"
+	@echo "microtrain: no MicroPython checkout at $(MICROPY_DIR); run \`make micropython\` or set MICROPY_DIR (see firmware/README.md); skipping $@"
+
+endif
 
 else
 
@@ -127,6 +157,7 @@ $(MICROTRAIN_MPY_CROSS):
 # rerunning it when nothing relinked.
 $(FIRMWARE_UNIX): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_UNIX_BUILD)/microtrain.config | $(MICROTRAIN_MPY_CROSS)
 	@$(microtrain_check_version)
+	@$(MICROTRAIN_ROOT)/firmware/fetch-sources.sh submodules "$(MICROPY_DIR)" micropython-lib
 	+$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/unix" BUILD="$(abspath $(FIRMWARE_UNIX_BUILD))" VARIANT="$(FIRMWARE_UNIX_VARIANT)" \
 	    USER_C_MODULES="$(MICROTRAIN_MODULES_ABS)" $(FIRMWARE_UNIX_ARGS) $(FIRMWARE_MAKE_ARGS)
 	@touch "$@"
@@ -134,6 +165,7 @@ $(FIRMWARE_UNIX): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWAR
 
 $(FIRMWARE_QEMU): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_QEMU_BUILD)/microtrain.config | $(MICROTRAIN_MPY_CROSS)
 	@$(microtrain_check_version)
+	@$(MICROTRAIN_ROOT)/firmware/fetch-sources.sh submodules "$(MICROPY_DIR)" micropython-lib
 	+$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/qemu" BOARD="$(FIRMWARE_QEMU_BOARD)" BUILD="$(abspath $(FIRMWARE_QEMU_BUILD))" \
 	    USER_C_MODULES="$(MICROTRAIN_MODULES_ABS)" $(FIRMWARE_QEMU_ARGS) $(FIRMWARE_MAKE_ARGS)
 	@touch "$@"
@@ -141,15 +173,15 @@ $(FIRMWARE_QEMU): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWAR
 
 # A native .mpy for firmware built without the module; see firmware/natmod.mk.
 firmware-natmod:
-	@if ! $(or $(PYTHON),python3) -c "import elftools" 2>/dev/null; then \
-	    echo "microtrain: firmware-natmod needs pyelftools for MicroPython's mpy_ld.py (pip install pyelftools); skipping"; \
+	@if ! $(MICROTRAIN_PYTHON) -c "import elftools" 2>/dev/null; then \
+	    echo "microtrain: firmware-natmod needs pyelftools for MicroPython's mpy_ld.py (make venv, or pip install pyelftools); skipping"; \
 	    exit 0; \
 	fi; \
 	mkdir -p "$(FIRMWARE_NATMOD_BUILD)"; \
 	echo 'include $(MICROTRAIN_ROOT)/firmware/natmod.mk' > "$(FIRMWARE_NATMOD_BUILD)/Makefile"; \
 	$(MICROTRAIN_SUBMAKE) -C "$(FIRMWARE_NATMOD_BUILD)" \
-	    MPY_DIR="$(MICROTRAIN_MPY_ABS)" ARCH="$(NATMOD_ARCH)" $(FIRMWARE_MAKE_ARGS) \
-	    && echo "microtrain: built $(FIRMWARE_NATMOD_BUILD)/microtrain.mpy"
+	    MPY_DIR="$(MICROTRAIN_MPY_ABS)" ARCH="$(NATMOD_ARCH)" PYTHON="$(MICROTRAIN_PYTHON)" $(FIRMWARE_MAKE_ARGS) \
+	    && echo "microtrain: built $(FIRMWARE_NATMOD_BUILD)/_microtrain.mpy"
 
 endif
 

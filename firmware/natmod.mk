@@ -4,7 +4,7 @@
 #     include <repo>/firmware/natmod.mk
 # (MicroPython's dynruntime.mk wants a Makefile in the working directory) and runs
 #     make -C build/natmod-ARCH MPY_DIR=... ARCH=armv7emdp
-# which leaves microtrain.mpy there. Copy it to the board (mpremote cp) and import it.
+# which leaves _microtrain.mpy there. Copy it to the board (mpremote cp) and import it.
 # Needs pyelftools (pip install pyelftools) for MicroPython's tools/mpy_ld.py.
 # ARCH: x64, x86, armv6m, armv7m, armv7emsp, armv7emdp, xtensa, xtensawin, rv32imc...
 # The .mpy version must match the firmware's (same MicroPython release, v1.28.0).
@@ -13,7 +13,7 @@ MICROTRAIN_NATMOD_ROOT := $(patsubst %/,%,$(dir $(abspath $(dir $(lastword $(MAK
 MICROTRAIN_MOD_SRC := $(MICROTRAIN_NATMOD_ROOT)/modules/microtrain
 
 MPY_DIR ?= $(HOME)/.cache/microtrain/micropython
-MOD = microtrain
+MOD = _microtrain
 ARCH ?= x64
 
 # The binding and the core (which has its own exp and log: a native module links no libm).

@@ -269,21 +269,31 @@ def generate():
     return paths
 
 
+def skip(reason):
+    """Skip, except under CI (CI=true), where a device test that cannot run is a failure:
+    .ci/run installs everything these tests need."""
+    if os.environ.get("CI") == "true":
+        pytest.fail("CI=true and this device test cannot run: " + reason, pytrace=False)
+    pytest.skip(reason)
+
+
 def need_firmware(port):
     if not os.path.isfile(os.path.join(MICROPY_DIR, "py", "mpconfig.h")):
-        pytest.skip("no MicroPython checkout at %s; set MICROPY_DIR (see firmware/README.md)" % MICROPY_DIR)
+        skip("no MicroPython checkout at %s; run `make micropython` or set MICROPY_DIR (see firmware/README.md)"
+             % MICROPY_DIR)
     fw = FIRMWARE[port]
     if not os.path.isfile(fw):
-        pytest.skip("no %s firmware at %s; run `make firmware`" % (port, os.path.relpath(fw, ROOT)))
+        skip("no %s firmware at %s; run `make firmware`" % (port, os.path.relpath(fw, ROOT)))
     if port == "qemu":
         if shutil.which("qemu-system-arm") is None:
-            pytest.skip("qemu-system-arm not found (Debian/Ubuntu: apt-get install qemu-system-arm)")
+            skip("qemu-system-arm not found (Debian/Ubuntu: apt-get install qemu-system-arm)")
         try:
             import serial  # noqa: F401  run-tests.py talks to qemu's serial pty with pyserial
         except ImportError:
-            pytest.skip("run-tests.py needs pyserial to talk to qemu (pip install pyserial)")
-    # a firmware older than the module's sources (the files its make rule depends on) tests old code
-    sources = [p for pattern in ("*.c", "*.h", "micropython.mk")
+            skip("run-tests.py needs pyserial to talk to qemu (pip install pyserial)")
+    # a firmware older than the module's sources (the files its make rule depends on, the
+    # frozen device package included) tests old code
+    sources = [p for pattern in ("*.c", "*.h", "micropython.mk", "manifest.py", "python/*/*.py")
                for p in glob.glob(os.path.join(MODULE_SOURCES, pattern))]
     newer = sorted(os.path.basename(p) for p in sources if os.path.getmtime(p) > os.path.getmtime(fw))
     if newer:

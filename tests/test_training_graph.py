@@ -119,3 +119,22 @@ def test_naive_planner_keeps_every_tensor_readable():
     h, r = sim.tensor("h"), sim.tensor("r")
     assert (h < 0).any() and np.array_equal(r, np.maximum(h, 0))   # pre- and post-ReLU both intact
     assert not any(t["memory_of"] for t in sim.plan.report()["tensors"])
+
+
+def test_a_trainable_parameter_without_a_gradient_path_is_an_internal_error():
+    """The compiler's closing invariant: drop the op that carries the loss's gradient down to
+    the first layer (or the first layer's own gradient op) and the plan is refused."""
+    from microtrain.onnx_import import import_onnx
+    from microtrain.training import InternalError, build_training, check_gradient_paths
+    graph = import_onnx(models.cnn())
+    trainable = {"c1.weight", "c1.bias", "fc.weight", "fc.bias"}
+    tensors, ops = build_training(graph, trainable, "cross-entropy", 1, 0.0)
+    check_gradient_paths(tensors, ops, trainable)   # the real plan keeps it
+    name = lambda o, slot: tensors[o.slots[o.spec.slot_index(slot)]].name   # noqa: E731
+    cut = [k for k, o in enumerate(ops) if o.name == "GAP_BWD"]
+    assert len(cut) == 1
+    with pytest.raises(InternalError, match="'c1.bias', 'c1.weight' reported trainable but no gradient"):
+        check_gradient_paths(tensors, ops[:cut[0]] + ops[cut[0] + 1:], trainable)
+    own = [k for k, o in enumerate(ops) if o.name == "CONV2D_BWD_WEIGHT" and name(o, "w") == "c1.weight"]
+    with pytest.raises(InternalError, match="'c1.weight' reported trainable"):
+        check_gradient_paths(tensors, ops[:own[0]] + ops[own[0] + 1:], trainable)

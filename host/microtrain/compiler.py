@@ -7,7 +7,7 @@ from . import __version__
 from . import format as F
 from .onnx_import import import_onnx
 from .plan import Plan, assign_memory, write_plan
-from .training import build_training, macs_total
+from .training import build_training, check_gradient_paths, macs_total
 from .update import resolve_update
 
 LOSSES = ("cross-entropy", "mse")
@@ -58,6 +58,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     if loss == "mse" and graph.dropped_output_op:
         raise ValueError("mse loss with a dropped %s output" % graph.dropped_output_op)
     arena, state, naive, peak, blobs, data_size = assign_memory(tensors, ops, (inp, tgt), planner, guard)
+    check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train
     values = graph.values
     meta = {
         "microtrain": __version__,

@@ -148,14 +148,13 @@ class Builder:
             target = self.tensor(TTensor("target", self.tensors[out].shape, flags=F.TFLAGS["TARGET"]))
         self.target, self.output, self.input = target, out, x
         # which values need a gradient: those downstream of a trainable parameter
-        needs = set(self.trainable)
+        # (a view needs one when its source does, so views are resolved as each node is
+        # reached: a view feeding a parameterless op must not cut the gradient)
+        self.needs = set(self.trainable)
         for n in nodes:
-            if any(i in needs for i in n.inputs if i):
-                needs.add(n.output)
-        for name, v in self.g.values.items():
-            if v.view_of is not None and self.g.root(name) in needs:
-                needs.add(name)
-        self.needs = needs
+            if any(self.needs_grad(i) for i in n.inputs if i):
+                self.needs.add(n.output)
+        self.needs.update(name for name in self.g.values if self.needs_grad(name))
         dout = self.grad_tensor(self.g.output, out)
         self.op("SOFTMAX_CE" if self.loss == "cross-entropy" else "MSE", "TRAIN", [out, target, dout], source="loss")
         self.contribute(self.g.output, dout)   # the output may be a view (Flatten last): reach its source
@@ -168,6 +167,14 @@ class Builder:
         if self.allow_inplace:
             self.inplace()
         return self.tensors, self.ops
+
+    def needs_grad(self, name):
+        """Whether value `name` (or the value it is a view of) lies downstream of a trainable parameter."""
+        while name is not None:
+            if name in self.needs:
+                return True
+            name = self.g.values[name].view_of
+        return False
 
     def forward(self, n):
         self.fwd[n.output] = self.forward_op(n)
@@ -282,6 +289,42 @@ class Builder:
                 to.view_of = rs
                 last[rs] = max(last.get(rs, -1), last.pop(ro, -1))
                 break
+
+
+class InternalError(RuntimeError):
+    """A compiler bug: the plan would not do what the compiler reports. Never a user error."""
+
+
+def check_gradient_paths(tensors, ops, trainable):
+    """The invariant a training plan keeps: every parameter reported trainable is updated
+    by an op that reads a gradient flowing back from the loss. Raises InternalError
+    otherwise, so a plan that silently does not train is never written."""
+    def root(i):
+        while tensors[i].view_of is not None:
+            i = tensors[i].view_of
+        return i
+
+    from_loss = set()   # memory roots holding a gradient that flows back from the loss
+    updated = set()
+    for o in ops:
+        spec = o.spec
+        reads = [s for slot, s in zip(spec.slots, o.slots) if s is not None and slot.role == "in"]
+        is_loss = o.name in ("SOFTMAX_CE", "MSE")
+        if not is_loss and not any(root(s) in from_loss for s in reads):
+            continue
+        for slot, s in zip(spec.slots, o.slots):
+            if s is None:
+                continue
+            if slot.role == "out":
+                from_loss.add(root(s))
+            elif slot.role == "param" and o.phase == "TRAIN":
+                updated.add(tensors[s].name)
+    missing = sorted(set(trainable) - updated)
+    if missing:
+        raise InternalError("internal error: %s reported trainable but no gradient from the loss reaches %s; "
+                            "the plan would not train %s. Please report this with the model."
+                            % (", ".join(map(repr, missing)), "it" if len(missing) == 1 else "them",
+                               "it" if len(missing) == 1 else "them"))
 
 
 def macs_total(ops):
