@@ -39,7 +39,10 @@ FIRMWARE_UNIX_ARGS ?= FROZEN_MANIFEST=$(MICROTRAIN_MANIFEST) MICROPY_PY_BTREE=0 
 
 FIRMWARE_QEMU_BUILD ?= $(MICROTRAIN_BUILD)/micropython-qemu
 FIRMWARE_QEMU_BOARD ?= MPS2_AN500
-FIRMWARE_QEMU_ARGS ?= FROZEN_MANIFEST=$(MICROTRAIN_MANIFEST)
+# littlefs (VfsLfs2): microtrain.ramdisk gives the board a filesystem in its PSRAM for
+# the serial server's plan and checkpoints. The qemu port has no clock, which littlefs
+# reads for file times: it gets the milliseconds since boot.
+FIRMWARE_QEMU_ARGS ?= FROZEN_MANIFEST=$(MICROTRAIN_MANIFEST) MICROPY_VFS_LFS2=1 CFLAGS_EXTRA=-Dmp_hal_time_ns=mp_hal_ticks_ms
 
 NATMOD_ARCH ?= x64
 FIRMWARE_NATMOD_BUILD ?= $(MICROTRAIN_BUILD)/natmod-$(NATMOD_ARCH)
