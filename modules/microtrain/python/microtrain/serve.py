@@ -27,12 +27,7 @@ from array import array
 from . import checkpoint
 from . import protocol as P
 
-# ADAPTER(_microtrain): until the C module is renamed `_microtrain` (helper "boards"),
-# the firmware's module is called `microtrain`.
-try:
-    import _microtrain as _mt
-except ImportError:
-    import microtrain as _mt
+import _microtrain as _mt
 
 DIR = "mt"
 PLAN_PATH = DIR + "/plan.mtp"
