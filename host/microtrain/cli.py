@@ -1,4 +1,4 @@
-"""The microtrain command: compile, report, simulate."""
+"""The microtrain command: compile, report, simulate; deploy, train, eval, pull (device/commands.py)."""
 from __future__ import annotations
 
 import argparse
@@ -124,10 +124,13 @@ def main(argv=None):
     s.add_argument("--seed", type=int, default=0, help="shuffle seed")
     s.add_argument("--save-params", metavar="FILE.npz", help="write the trained parameters")
     s.set_defaults(func=_simulate)
+    from .device.commands import add_arguments as add_board_commands
+    add_board_commands(sub)     # deploy, train, eval, pull: microtrain.device.commands
     args = p.parse_args(argv)
+    from .device.errors import DeviceError
     try:
         args.func(args)
-    except (ValueError, TypeError, NotImplementedError) as e:
+    except (ValueError, TypeError, NotImplementedError, DeviceError) as e:
         print("microtrain %s: error: %s" % (args.cmd, e), file=sys.stderr)
         return 2
     return 0

@@ -32,6 +32,16 @@ import tty
 PSRAM_BYTES = 16 * 1024 * 1024
 
 
+def _die_with_parent():
+    """In the child: be killed when the process that started us dies (Linux), so a test
+    killed half way leaves no emulator running."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _open_raw(path):
     fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
     tty.setraw(fd)
@@ -43,6 +53,7 @@ class QemuBoard:
         if not os.path.exists(firmware):
             raise FileNotFoundError("no firmware at %s: build it with `make firmware-qemu`" % firmware)
         self.firmware = os.path.abspath(firmware)
+        self._own_dir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="mt-qemu-")
         self.flash = flash or os.path.join(self.workdir, "psram.img")
         self.qemu = qemu
@@ -61,7 +72,8 @@ class QemuBoard:
                "-object", "memory-backend-file,id=psram,size=%d,mem-path=%s,share=on" % (PSRAM_BYTES, self.flash),
                "-display", "none", "-monitor", "unix:%s,server=on,wait=off" % mon, "-semihosting",
                "-serial", "pty", "-kernel", self.firmware]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -116,6 +128,8 @@ class QemuBoard:
 
     def close(self):
         self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self):
         self.start()
@@ -151,7 +165,7 @@ class UnixBoard:
             env["MICROPYPATH"] = self.micropypath
         cmd = [self.firmware] + (["-X", "heapsize=%s" % self.heapsize] if self.heapsize else [])
         self.proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, cwd=self.workdir,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
         os.close(slave)
         self.master = master
         if self._bridge is None:

@@ -12,6 +12,7 @@ from .errors import BoardError, BoardReset, LinkError
 # What the board prints when it (re)starts or sits at a REPL prompt: bytes outside
 # frames that mean the server is no longer there.
 REPL_SIGNS = (b"MicroPython v", b"raw REPL; CTRL-B", b"\n>>> ")
+POLL = 0.005            # seconds of one wait for bytes
 
 
 class Stats:
@@ -33,11 +34,12 @@ class Link:
     write(b), a `timeout` attribute and `in_waiting`).
 
     byte_time: seconds per byte on the wire (1e-4 is 115200 baud, 8N1), for the
-    wait before a resend; retries: sends of one command before giving up."""
+    wait before a resend, until the link has measured its own; retries: sends of one
+    command before giving up."""
 
     def __init__(self, port, byte_time=1e-4, retries=30, stats=None):
         self.port = port
-        self.byte_time = byte_time
+        self.byte_time = byte_time      # seconds per byte, as measured (the slowest recent)
         self.retries = retries
         self.stats = stats or Stats()
         self.seq = random.randrange(1 << 16)
@@ -51,7 +53,9 @@ class Link:
         if wait <= 0:
             return False
         old = self.port.timeout     # mpremote, sharing the port, expects its own
-        self.port.timeout = min(wait, 0.05)
+        # short waits: qemu's UART, on a busy host, delivers bytes several times faster
+        # to a reader that wakes every few ms than to one asleep in a long read
+        self.port.timeout = min(wait, POLL)
         try:
             data = self.port.read(max(1, self.port.in_waiting))
         finally:
@@ -102,6 +106,13 @@ class Link:
     def send_time(self, nbytes):
         return nbytes * self.byte_time
 
+    def _measured(self, nbytes, seconds):
+        """An exchange of nbytes took seconds: keep byte_time near the slowest recent rate,
+        so a board that reads slowly (qemu's UART, a busy USB stack) gets time to answer."""
+        if nbytes >= 256:
+            seen = seconds / nbytes
+            self.byte_time = max(seen, 0.8 * self.byte_time + 0.2 * seen)
+
     def request(self, kind, payload=b"", timeout=5.0, ack=False):
         """Send a command, return the payload of its answer. timeout: seconds the board
         may take to answer once the command has arrived. ack: ask for an ACK first,
@@ -113,15 +124,17 @@ class Link:
     def exchange(self, frame, kind, seq, timeout=5.0, ack=False, retries=None):
         """Send an encoded command frame until its answer arrives; see request()."""
         retries = retries or self.retries
-        # the frame out, and the answer back, plus time for the board to notice
-        wire = self.send_time(len(frame) + P.OVERHEAD + 64) + 0.25
         for attempt in range(retries):
             if attempt:
                 self.stats.resent += 1
+            # the frame out and the answer back at the measured rate, three times over
+            # (an emulator or a busy host stalls now and then), and half a second
+            wire = 3 * self.send_time(len(frame) + P.OVERHEAD + 64) + 0.5
+            t0 = time.monotonic()
             self.port.write(frame)
             self.stats.sent += 1
             self.stats.bytes_out += len(frame)
-            deadline = time.monotonic() + wire + (0 if ack else timeout)
+            deadline = t0 + wire + (0 if ack else timeout)
             acked = False
             while True:
                 got = self.next_frame(deadline)
@@ -137,12 +150,15 @@ class Link:
                 if k == P.ACK:
                     if not acked:
                         acked = True
+                        self._measured(len(frame) + P.OVERHEAD, time.monotonic() - t0)
                         deadline = time.monotonic() + timeout + wire
                     continue
                 if k == P.ERROR:
                     err = json.loads(body.decode())
                     raise BoardError(err.get("error", "Error"), err.get("message", ""))
                 if k == kind | P.REPLY:
+                    if not ack:
+                        self._measured(len(frame) + len(body) + P.OVERHEAD, time.monotonic() - t0)
                     return body
         raise LinkError("no intact answer to %s after %d tries (%d frames failed their checksum, "
                         "%d timeouts): check the cable and the port"
