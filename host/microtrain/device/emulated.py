@@ -217,10 +217,11 @@ class UnixBoard:
 class Proxy:
     """Bytes between a board (a port path, or an object with board_fd()) and a new pty
     at self.port. rate: the fraction of bytes, in each direction, that are damaged;
-    each damaged byte is dropped or has its bits flipped, half and half."""
+    a damaged byte is dropped (with probability drop) or has bits flipped."""
 
-    def __init__(self, board, rate=0.0, seed=0):
+    def __init__(self, board, rate=0.0, seed=0, drop=0.5):
         self.rate = rate
+        self.drop = drop
         self.rng = random.Random(seed)
         self.master, slave = os.openpty()
         tty.setraw(slave)
@@ -262,7 +263,7 @@ class Proxy:
         for b in data:
             if self.rng.random() < self.rate:
                 self.damaged[direction] += 1
-                if self.rng.random() < 0.5:
+                if self.rng.random() < self.drop:
                     continue                                    # dropped
                 b ^= self.rng.randrange(1, 256)                 # corrupted
             out.append(b)
