@@ -100,7 +100,7 @@ def main():
         b.deploy(plan)
         b.start_run(1)
         xs, ys = b.check_data(x, y)
-        rows = b.rows(xs, ys)
+        rows = b.rows(b.sizer.limit, xs, ys)
         chunk_bytes = rows * per_sample
 
         def stream(dry, accuracy=False):

@@ -129,21 +129,30 @@ class Board:
     def _hello(self, tries, wait):
         frame, seq = self._probe()
         try:
-            return json.loads(self.link.exchange(frame, P.HELLO, seq, timeout=wait, retries=tries))
+            return json.loads(self.link.exchange(P.HELLO, seq, None, timeout=wait, retries=tries, frame=frame))
         except LinkError:       # no server (BoardReset: a REPL answered instead)
             return None
 
     def connect(self):
         """Reach the board's server, starting it through the raw REPL if it is not running.
         Returns the board's facts (HELLO)."""
+        from mpremote.transport import TransportError
         self.link.rx.clear()
         self.transport.serial.reset_input_buffer()
         facts = self._hello(tries=2, wait=0.4)
-        if facts is None:
-            self._start_server()
+        err = None
+        for attempt in range(5):    # the REPL has no checksums: on a noisy line, try again
+            if facts is not None:
+                break
+            try:
+                self._start_server()
+            except (TransportError, LinkError, SyntaxError, ValueError) as e:
+                err = e
+                continue
             facts = self._hello(tries=8, wait=1.0)
-            if facts is None:
-                raise LinkError("the board on %s started microtrain's server but it does not answer" % self.port)
+        if facts is None:
+            raise LinkError("the board on %s does not answer microtrain's server (%s)"
+                            % (self.port, str(err).strip()[-200:] if err else "no answer after starting it"))
         if facts["protocol"] != P.VERSION:
             raise FirmwareError("the board speaks microtrain protocol %d, this host %d: install the same "
                                 "microtrain version on both" % (facts["protocol"], P.VERSION))
@@ -214,19 +223,36 @@ class Board:
         if self._plan is None or zlib.crc32(self._plan.data) != facts["plan"]["crc"]:
             data = bytearray()
             while len(data) < facts["plan"]["bytes"]:
-                n = min(self.sizer.size, facts["plan"]["bytes"] - len(data))
-                data += self._sized(P.PLAN_READ, struct.pack(P.PLAN_READ_HEAD, len(data), n))
+                left = facts["plan"]["bytes"] - len(data)
+                data += self._sized(P.PLAN_READ, lambda size: (struct.pack(P.PLAN_READ_HEAD, len(data),
+                                                                           min(size, left)), 0))[0]
             if zlib.crc32(data) != facts["plan"]["crc"]:
                 raise LinkError("the plan read back from the board does not match its CRC")
             self._plan = Plan(bytes(data))
         return self._plan
 
-    def _sized(self, kind, payload, timeout=5.0, ack=False):
-        """A request whose size the Sizer chose: tell it whether it had to be resent."""
-        before = self.link.stats.resent
-        reply = self.link.request(kind, payload, timeout=timeout, ack=ack)
-        self.sizer.update(self.link.stats.resent != before)
-        return reply
+    def _sized(self, kind, build, timeout=5.0, ack=False):
+        """A command whose frame may be cut to any size (every such command is idempotent):
+        build(size) gives (payload, n) for a frame of about size bytes. A frame that has
+        to be resent makes the next ones smaller, and one that keeps failing is cut
+        smaller at once (a noisy line loses fewer bytes in short frames).
+        Returns (answer, n)."""
+        while True:
+            payload, n = build(self.sizer.size)
+            before = self.link.stats.resent
+            at_floor = self.sizer.size <= self.sizer.floor
+            try:
+                reply = self.link.request(kind, payload, timeout=timeout(n) if callable(timeout) else timeout,
+                                          ack=ack, retries=None if at_floor else 4)
+            except BoardReset:
+                raise
+            except LinkError:
+                if at_floor:
+                    raise
+                self.sizer.update(True)
+                continue
+            self.sizer.update(self.link.stats.resent != before)
+            return reply, n
 
     def deploy(self, plan, progress=None):
         """Put a plan on the board (a file in mt/), after checking that the board reads its
@@ -251,10 +277,9 @@ class Board:
                                 need - free))
         off = 0
         while off < len(data):
-            n = min(self.sizer.size - 4, len(data) - off)
-            got = struct.unpack("<I", self._sized(P.PLAN_DATA, struct.pack(P.PLAN_DATA_HEAD, off)
-                                                  + data[off:off + n]))[0]
-            off = got
+            reply, _ = self._sized(P.PLAN_DATA, lambda size: (struct.pack(P.PLAN_DATA_HEAD, off)
+                                                              + data[off:off + max(1, size - 4)], 0))
+            off = struct.unpack("<I", reply)[0]
             if progress:
                 progress(off, len(data))
         info = self.link.request_json(P.PLAN_END, timeout=30, ack=True)
@@ -297,10 +322,11 @@ class Board:
             raise DataError("each target in y has %d values; the plan's output has %d" % (y[0].size, n_t))
         return x, np.ascontiguousarray(y, dtype="<f4").reshape(len(y), n_t)
 
-    def rows(self, x, y=None, head=8):
-        """How many samples fit in a frame now."""
+    @staticmethod
+    def rows(size, x, y=None, head=8):
+        """How many samples fit in a frame of size bytes (at least one)."""
         per = x.shape[1] * 4 + (0 if y is None else y.shape[1] * 4)
-        return max(1, min(0xFFFF, (self.sizer.size - head) // per))
+        return max(1, min(0xFFFF, len(x), (size - head) // per))
 
     # -- training --
     def start_run(self, run, resume=False):
@@ -309,15 +335,19 @@ class Board:
         return self.link.request_json(P.RUN, {"run": run, "resume": bool(resume)}, timeout=30, ack=True)["samples"]
 
     def train_chunk(self, start, x, y, accuracy=True, dry=False):
-        """Train on samples start.. of the run (rows of x, y). Returns (samples the board has
-        trained in the run, trained now, correct, loss sum, heap free)."""
+        """Train on samples start, start+1, ... of the run: the first rows of x, y, as many as
+        fit in a frame. Returns (samples the board has trained in the run, trained now,
+        correct, loss sum, heap free); the board's count says where to go on from."""
         flags = (P.TRAIN_ACCURACY if accuracy else 0) | (P.TRAIN_DRY if dry else 0)
-        payload = struct.pack(P.TRAIN_HEAD, start, len(x), flags) + x.tobytes() + y.tobytes()
+
+        def build(size):
+            n = self.rows(size, x, y)
+            return struct.pack(P.TRAIN_HEAD, start, n, flags) + x[:n].tobytes() + y[:n].tobytes(), n
         t0 = time.monotonic()
-        reply = self._sized(P.TRAIN, payload, timeout=2.0 + 5 * self.sample_time * len(x), ack=True)
+        reply, n = self._sized(P.TRAIN, build, timeout=lambda n: 2.0 + 5 * self.sample_time * n, ack=True)
         r = struct.unpack(P.TRAIN_REPLY, reply)
         if r[1]:
-            wire = self.link.send_time(len(payload))
+            wire = self.link.send_time(n * (x.shape[1] + y.shape[1]) * 4)
             self.sample_time = max(1e-4, (time.monotonic() - t0 - wire) / r[1])
         return r
 
@@ -336,9 +366,11 @@ class Board:
         x, y = self.check_data(x, y)
         correct, sse, i = 0, 0.0, 0
         while i < len(x):
-            n = self.rows(x, y, head=4)
-            payload = struct.pack(P.PREDICT_HEAD, len(x[i:i + n]), 0) + x[i:i + n].tobytes() + y[i:i + n].tobytes()
-            count, c, s = struct.unpack(P.EVAL_REPLY, self._sized(P.EVALUATE, payload, timeout=5 + n, ack=True))
+            def build(size):
+                n = self.rows(size, x[i:], y[i:], head=4)
+                return struct.pack(P.PREDICT_HEAD, n, 0) + x[i:i + n].tobytes() + y[i:i + n].tobytes(), n
+            reply, _ = self._sized(P.EVALUATE, build, timeout=lambda n: 5 + n, ack=True)
+            count, c, s = struct.unpack(P.EVAL_REPLY, reply)
             correct, sse, i = correct + c, sse + s, i + count
         if self.facts["plan"]["ce"]:
             return correct / len(x)
@@ -350,9 +382,10 @@ class Board:
         no = self.facts["plan"]["output_len"]
         out, i = [], 0
         while i < len(x):
-            n = max(1, min(self.rows(x, head=4), (self.sizer.size) // (4 * no)))
-            reply = self._sized(P.PREDICT, struct.pack(P.PREDICT_HEAD, len(x[i:i + n]), 0) + x[i:i + n].tobytes(),
-                                timeout=5 + n, ack=True)
+            def build(size):
+                n = max(1, min(self.rows(size, x[i:], head=4), size // (4 * no)))
+                return struct.pack(P.PREDICT_HEAD, n, 0) + x[i:i + n].tobytes(), n
+            reply, n = self._sized(P.PREDICT, build, timeout=lambda n: 5 + n, ack=True)
             out.append(np.frombuffer(reply, "<f4").reshape(-1, no))
             i += n
         return np.concatenate(out) if out else np.zeros((0, no), np.float32)
@@ -364,8 +397,9 @@ class Board:
         for k, (name, nbytes) in enumerate(self.link.request_json(P.PARAMS, timeout=10)):
             data = bytearray()
             while len(data) < nbytes:
-                n = min(self.sizer.size, nbytes - len(data))
-                data += self._sized(P.PARAM_READ, struct.pack(P.PARAM_READ_HEAD, k, len(data), n))
+                left = nbytes - len(data)
+                data += self._sized(P.PARAM_READ, lambda size: (struct.pack(P.PARAM_READ_HEAD, k, len(data),
+                                                                            min(size, left)), 0))[0]
             a = np.frombuffer(bytes(data), "<f4").astype(np.float32)
             out[name] = a.reshape(shapes[name]) if name in shapes else a
         return out

@@ -16,6 +16,7 @@ Proxy       copies bytes between a board's port and a new pty, optionally corrup
 """
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import re
@@ -32,14 +33,15 @@ import tty
 PSRAM_BYTES = 16 * 1024 * 1024
 
 
-def _die_with_parent():
-    """In the child: be killed when the process that started us dies (Linux), so a test
-    killed half way leaves no emulator running."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+_running = set()
+
+
+@atexit.register
+def _kill_all():
+    """No emulator outlives the process that started it (tests stopped half way)."""
+    for proc in list(_running):
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _open_raw(path):
@@ -72,8 +74,8 @@ class QemuBoard:
                "-object", "memory-backend-file,id=psram,size=%d,mem-path=%s,share=on" % (PSRAM_BYTES, self.flash),
                "-display", "none", "-monitor", "unix:%s,server=on,wait=off" % mon, "-semihosting",
                "-serial", "pty", "-kernel", self.firmware]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _running.add(self.proc)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -115,6 +117,7 @@ class QemuBoard:
         if self.proc is not None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+            _running.discard(self.proc)
             self.proc = None
         if self._mon is not None:
             self._mon.close()
@@ -165,7 +168,8 @@ class UnixBoard:
             env["MICROPYPATH"] = self.micropypath
         cmd = [self.firmware] + (["-X", "heapsize=%s" % self.heapsize] if self.heapsize else [])
         self.proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, cwd=self.workdir,
-                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                                     env=env, start_new_session=True)
+        _running.add(self.proc)
         os.close(slave)
         self.master = master
         if self._bridge is None:
@@ -189,6 +193,7 @@ class UnixBoard:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
+            _running.discard(self.proc)
             self.proc = None
         if self.master is not None:
             os.close(self.master)
@@ -232,6 +237,7 @@ class Proxy:
         self._lock = threading.Lock()
         self._board_fd = None
         self._owns_fd = False
+        self._generation = 0
         self._stop = False
         self._wake_r, self._wake_w = os.pipe()
         self.attach(board)
@@ -249,6 +255,9 @@ class Proxy:
                 self._board_fd, self._owns_fd = _open_raw(board), True
             else:
                 self._board_fd, self._owns_fd = board.board_fd(), False
+            if self._board_fd is not None:
+                os.set_blocking(self._board_fd, False)
+            self._generation += 1       # the fd number may be the old one's, reused
         os.write(self._wake_w, b"x")
 
     def start(self):
@@ -271,12 +280,22 @@ class Proxy:
         return bytes(out)
 
     def _run(self):
+        # non-blocking both ways, with what is waiting to go out kept here: a board that
+        # stops reading (busy, paused, dead) must not stall the other direction
+        os.set_blocking(self.master, False)
+        pending = {"to_board": bytearray(), "to_host": bytearray()}
+        generation = None
         while not self._stop:
             with self._lock:
                 bfd = self._board_fd
-            fds = [self.master, self._wake_r] + ([bfd] if bfd is not None else [])
+                if generation != self._generation:     # attached to another board (or to none)
+                    generation = self._generation
+                    pending["to_board"].clear()
+            rl = [self.master, self._wake_r] + ([bfd] if bfd is not None else [])
+            wl = ([self.master] if pending["to_host"] else []) + \
+                ([bfd] if bfd is not None and pending["to_board"] else [])
             try:
-                ready, _, _ = select.select(fds, [], [], 0.5)
+                ready, writable, _ = select.select(rl, wl, [], 0.5)
             except (OSError, ValueError):
                 time.sleep(0.01)
                 continue
@@ -286,23 +305,24 @@ class Proxy:
             for fd in ready:
                 try:
                     data = os.read(fd, 4096)
+                except BlockingIOError:
+                    continue
                 except OSError:         # the board went away (killed): wait for attach()
                     with self._lock:
                         if self._board_fd == fd:
                             self._board_fd = None
                     continue
-                if not data:
-                    continue
-                if fd == self.master:
-                    data, dest, direction = data, bfd, "to_board"
-                else:
-                    dest, direction = self.master, "to_host"
-                data = self._mangle(data, direction)
-                if dest is not None and data:
-                    try:
-                        os.write(dest, data)
-                    except OSError:
-                        pass
+                direction = "to_board" if fd == self.master else "to_host"
+                pending[direction] += self._mangle(data, direction)
+            for fd in writable:
+                direction = "to_host" if fd == self.master else "to_board"
+                try:
+                    n = os.write(fd, pending[direction])
+                    del pending[direction][:n]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    pending[direction].clear()
 
     def close(self):
         self._stop = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 import time
 
 from . import protocol as P
@@ -113,27 +114,33 @@ class Link:
             seen = seconds / nbytes
             self.byte_time = max(seen, 0.8 * self.byte_time + 0.2 * seen)
 
-    def request(self, kind, payload=b"", timeout=5.0, ack=False):
+    def request(self, kind, payload=b"", timeout=5.0, ack=False, retries=None):
         """Send a command, return the payload of its answer. timeout: seconds the board
         may take to answer once the command has arrived. ack: ask for an ACK first,
         so a lost command is resent without waiting for the whole timeout."""
         self.seq = (self.seq + 1) & 0xFFFF
-        frame = P.encode(kind, self.seq, payload, P.FLAG_ACK if ack else 0)
-        return self.exchange(frame, kind, self.seq, timeout, ack)
+        return self.exchange(kind, self.seq, payload, timeout, ack, retries)
 
-    def exchange(self, frame, kind, seq, timeout=5.0, ack=False, retries=None):
-        """Send an encoded command frame until its answer arrives; see request()."""
+    def exchange(self, kind, seq, payload, timeout=5.0, ack=False, retries=None, frame=None):
+        """Send a command until its answer arrives; see request(). frame: the exact frame
+        to send every time (else each resend asks for a shorter answer: a long answer
+        that keeps arriving damaged comes in shorter pieces, see FETCH)."""
         retries = retries or self.retries
         for attempt in range(retries):
             if attempt:
                 self.stats.resent += 1
+            if frame is None:
+                limit_k = 0 if attempt < 2 else max(1, 7 - (attempt - 1))   # 4 KB, then 2 KB .. 64 B
+                f = P.encode(kind, seq, payload, (P.FLAG_ACK if ack else 0) | (limit_k << P.LIMIT_SHIFT))
+            else:
+                f = frame
             # the frame out and the answer back at the measured rate, three times over
             # (an emulator or a busy host stalls now and then), and half a second
-            wire = 3 * self.send_time(len(frame) + P.OVERHEAD + 64) + 0.5
+            wire = 3 * self.send_time(len(f) + P.OVERHEAD + 64) + 0.5
             t0 = time.monotonic()
-            self.port.write(frame)
+            self.port.write(f)
             self.stats.sent += 1
-            self.stats.bytes_out += len(frame)
+            self.stats.bytes_out += len(f)
             deadline = t0 + wire + (0 if ack else timeout)
             acked = False
             while True:
@@ -141,7 +148,7 @@ class Link:
                 if got is None:
                     self.stats.timeouts += 1
                     break
-                k, _, s, body = got
+                k, flags, s, body = got
                 if k == P.NAK:
                     self.stats.naks += 1
                     break
@@ -150,19 +157,36 @@ class Link:
                 if k == P.ACK:
                     if not acked:
                         acked = True
-                        self._measured(len(frame) + P.OVERHEAD, time.monotonic() - t0)
+                        self._measured(len(f) + P.OVERHEAD, time.monotonic() - t0)
                         deadline = time.monotonic() + timeout + wire
                     continue
+                if flags & P.FLAG_MORE:
+                    body = self._fetch_rest(body)
                 if k == P.ERROR:
                     err = json.loads(body.decode())
                     raise BoardError(err.get("error", "Error"), err.get("message", ""))
                 if k == kind | P.REPLY:
                     if not ack:
-                        self._measured(len(frame) + len(body) + P.OVERHEAD, time.monotonic() - t0)
+                        self._measured(len(f) + len(body) + P.OVERHEAD, time.monotonic() - t0)
                     return body
         raise LinkError("no intact answer to %s after %d tries (%d frames failed their checksum, "
                         "%d timeouts): check the cable and the port"
                         % (P.NAMES.get(kind, hex(kind)), retries, self.stats.bad, self.stats.timeouts))
+
+    def _fetch_rest(self, first):
+        """The rest of an answer too long for one frame: FETCH pieces, shorter after failures."""
+        total = struct.unpack_from("<I", first, 0)[0]
+        data = bytearray(first[4:])
+        size = max(64, len(data))
+        while len(data) < total:
+            try:
+                data += self.request(P.FETCH, struct.pack(P.FETCH_HEAD, len(data), min(size, total - len(data))),
+                                     retries=4)
+            except LinkError:
+                if size <= 64:
+                    raise
+                size //= 2
+        return bytes(data)
 
     def request_json(self, kind, obj=None, timeout=5.0, ack=False):
         body = b"" if obj is None else json.dumps(obj).encode()

@@ -136,8 +136,8 @@ def train(board, x, y, epochs=1, seed=0, resume=False, checkpoint_every=0, accur
             stop = min((epoch + 1) * n, total)
             if checkpoint_every:
                 stop = min(stop, (samples // checkpoint_every + 1) * checkpoint_every)
-            count = min(stop - samples, board.rows(x, y))
-            rows = order.rows(epoch, pos, pos + count)
+            # train_chunk sends as many of these as fit in a frame
+            rows = order.rows(epoch, pos, pos + min(stop - samples, board.rows(board.sizer.limit, x, y)))
             got, done, correct, loss_sum, heap_free = board.train_chunk(samples, x[rows], y[rows], accuracy)
             if done:
                 chunks.append((got - done, done, loss_sum, correct))

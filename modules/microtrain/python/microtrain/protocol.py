@@ -2,8 +2,10 @@
 # (MicroPython, in serve.py) and by the host (CPython, microtrain.device.link).
 #
 # A frame:
-#     a5 5a | kind u8 | flags u8 | seq u16 | length u16 | payload (length bytes) | crc u32
-# little-endian; crc is the CRC-32 (zlib's) of kind..payload. The host sends a
+#     a5 5a | kind u8 | flags u8 | seq u16 | length u16 | hcrc u32 | payload | crc u32
+# little-endian; hcrc is the CRC-32 (zlib's) of kind..length, crc that of kind..length
+# and the payload. The header has its own check so that a damaged length is never
+# waited for: the reader drops the frame at once. The host sends a
 # command, the board answers with the same seq and kind | REPLY (or ERROR). The
 # host alone keeps timers: it resends a command (same seq) when no answer comes,
 # and the board, which remembers its last answer, sends that again instead of
@@ -21,8 +23,8 @@ except ImportError:  # a MicroPython build without binascii.crc32
 VERSION = 1
 
 SYNC = b"\xa5\x5a"
-HEADER = "<2sBBHH"      # sync, kind, flags, seq, length
-HEADER_LEN = 8
+HEADER = "<2sBBHHI"     # sync, kind, flags, seq, length, header CRC
+HEADER_LEN = 12
 CRC_LEN = 4
 OVERHEAD = HEADER_LEN + CRC_LEN
 MAX_PAYLOAD = 4096
@@ -48,9 +50,13 @@ RESTORE = 0x4C          # 'L' -> JSON {run, samples}: back to the last checkpoin
 PARAMS = 0x4D           # 'M' -> JSON [[name, bytes, typecode], ...]
 PARAM_READ = 0x47       # 'G' PARAM_READ_HEAD -> bytes
 QUIT = 0x51             # 'Q' -> JSON {}; the server returns to the REPL
+FETCH = 0x58            # 'X' FETCH_HEAD -> bytes of the last long answer
 
 # flags
 FLAG_ACK = 0x01         # the board sends ACK as soon as the frame checks out
+FLAG_MORE = 0x02        # in an answer: payload is u32 length + the answer's start; FETCH the rest
+LIMIT_SHIFT = 4         # in a command: flags >> 4 = k > 0 limits answers to 32 << k bytes
+                        # (a noisy line gets shorter frames; the host lowers k on resends)
 
 TRAIN_ACCURACY = 0x01   # TRAIN flag: predict each sample before training on it
 TRAIN_DRY = 0x02        # TRAIN flag: receive and check, but do not train (link benchmark)
@@ -63,22 +69,29 @@ EVAL_REPLY = "<HHf"     # count, correct (cross-entropy), sum of squared errors 
 PLAN_DATA_HEAD = "<I"   # offset
 PARAM_READ_HEAD = "<HIH"  # parameter index, byte offset, byte count
 PLAN_READ_HEAD = "<IH"  # byte offset, byte count
+FETCH_HEAD = "<IH"      # byte offset, byte count
+
+
+def reply_limit(flags):
+    """The most payload bytes an answer to a command with these flags may carry."""
+    k = flags >> LIMIT_SHIFT
+    return 32 << k if k else MAX_PAYLOAD
 
 NAMES = {ACK: "ACK", NAK: "NAK", ERROR: "ERROR", HELLO: "HELLO", INFO: "INFO",
          PLAN_BEGIN: "PLAN_BEGIN", PLAN_DATA: "PLAN_DATA", PLAN_END: "PLAN_END", PLAN_READ: "PLAN_READ", RUN: "RUN",
          TRAIN: "TRAIN", PREDICT: "PREDICT", EVALUATE: "EVALUATE", SAVE: "SAVE",
-         RESTORE: "RESTORE", PARAMS: "PARAMS", PARAM_READ: "PARAM_READ", QUIT: "QUIT"}
+         RESTORE: "RESTORE", PARAMS: "PARAMS", PARAM_READ: "PARAM_READ", QUIT: "QUIT", FETCH: "FETCH"}
 
 
 def frame_crc(head, payload):
-    """CRC-32 of a frame: head is its 8-byte header, payload its payload."""
-    return crc32(payload, crc32(memoryview(head)[2:HEADER_LEN])) & 0xFFFFFFFF
+    """CRC-32 of a frame: head is its header, payload its payload."""
+    return crc32(payload, crc32(memoryview(head)[2:8])) & 0xFFFFFFFF
 
 
 def parse_header(head):
-    """(kind, flags, seq, length) of an 8-byte header, or None if it cannot start a frame."""
-    sync, kind, flags, seq, length = struct.unpack_from(HEADER, head, 0)
-    if sync != SYNC or length > MAX_PAYLOAD:
+    """(kind, flags, seq, length) of a header, or None if it cannot start a frame."""
+    sync, kind, flags, seq, length, hcrc = struct.unpack_from(HEADER, head, 0)
+    if sync != SYNC or length > MAX_PAYLOAD or hcrc != crc32(memoryview(head)[2:8]) & 0xFFFFFFFF:
         return None
     return kind, flags, seq, length
 
@@ -87,5 +100,6 @@ def encode(kind, seq, payload=b"", flags=0):
     """One whole frame as bytes."""
     if len(payload) > MAX_PAYLOAD:
         raise ValueError("payload of %d bytes exceeds the frame limit of %d" % (len(payload), MAX_PAYLOAD))
-    head = struct.pack(HEADER, SYNC, kind, flags, seq & 0xFFFF, len(payload))
+    fields = struct.pack("<BBHH", kind, flags, seq & 0xFFFF, len(payload))
+    head = SYNC + fields + struct.pack("<I", crc32(fields) & 0xFFFFFFFF)
     return head + bytes(payload) + struct.pack("<I", frame_crc(head, payload))

@@ -1,17 +1,19 @@
 # A filesystem in a fixed region of RAM, for boards with no flash filesystem (the
 # qemu MPS2_AN500 board): a block device over memory outside MicroPython's heap and
-# .bss, mounted as littlefs. The memory keeps its contents across a reset of the board
-# (qemu's system_reset reloads the firmware image, not this region), so files
-# survive a reset as they would in flash; littlefs makes each write atomic, so a
-# reset in the middle of one leaves the file system consistent.
+# .bss (the board's PSRAM; the firmware lives in SSRAM1 at 0), mounted as littlefs.
+# The memory keeps its contents across a reset of the board (qemu's system_reset
+# reloads the firmware image, not this region), and qemu can map it from a file that
+# outlives the emulator (a power cut: see microtrain.device.emulated), so files
+# survive as they would in flash; littlefs keeps the file system consistent when a
+# reset or power cut interrupts a write.
 #
 #     from microtrain import ramdisk
 #     ramdisk.mount()              # formats the region the first time
 import uctypes
 import vfs
 
-# qemu mps2-an500: SSRAM2/3 at 0x20000000 (4 MB); the firmware lives in SSRAM1 at 0.
-ADDR = 0x20000000
+# qemu mps2-an500: 16 MB of PSRAM at 0x60000000
+ADDR = 0x60000000
 SIZE = 1024 * 1024
 BLOCK = 1024
 

@@ -65,7 +65,8 @@ class Server:
         self.head_rest = mv[2:P.HEADER_LEN]
         self.body = mv[P.HEADER_LEN:]
         self.one = bytearray(1)
-        self.last = None                # (seq, kind, reply frame): the answer to send again
+        self.last = None                # (seq, kind, answer kind, payload): the answer to send again
+        self.long = b""                 # the last answer too long for one frame, for FETCH
         self.running = True
         self.t = None
         self.plan_error = None
@@ -182,7 +183,7 @@ class Server:
             if kind == P.HELLO:
                 self.last = None        # a new session: its seqs start afresh
             elif self.last is not None and self.last[0] == seq and self.last[1] == kind:
-                self.tx.write(self.last[2])     # our answer was lost: send it again
+                self.answer(seq, self.last[2], self.last[3], flags)    # it was lost: again
                 continue
             if flags & P.FLAG_ACK:
                 self.tx.write(P.encode(P.ACK, seq))
@@ -190,12 +191,21 @@ class Server:
             try:
                 if handler is None:
                     raise ValueError("unknown command 0x%02x" % kind)
-                reply = P.encode(kind | P.REPLY, seq, handler(self, payload))
+                rkind, body = kind | P.REPLY, handler(self, payload)
             except Exception as e:
-                msg = json.dumps({"error": type(e).__name__, "message": str(e)})
-                reply = P.encode(P.ERROR, seq, msg.encode())
-            self.last = (seq, kind, reply)
-            self.tx.write(reply)
+                rkind = P.ERROR
+                body = json.dumps({"error": type(e).__name__, "message": str(e)}).encode()
+            self.last = (seq, kind, rkind, body)
+            self.answer(seq, rkind, body, flags)
+
+    def answer(self, seq, rkind, body, flags):
+        """Send an answer, cut to the length the command allows; the host FETCHes the rest."""
+        limit = P.reply_limit(flags)
+        if len(body) > limit:
+            self.long = body
+            self.tx.write(P.encode(rkind, seq, struct.pack("<I", len(body)) + body[:limit - 4], P.FLAG_MORE))
+        else:
+            self.tx.write(P.encode(rkind, seq, body))
 
     # ---- commands: each takes the payload and returns the reply's payload ----
     def hello(self, p):
@@ -384,6 +394,10 @@ class Server:
         k, off, n = struct.unpack_from(P.PARAM_READ_HEAD, p, 0)
         return self.params[k][1][off:off + n]
 
+    def fetch(self, p):
+        off, n = struct.unpack_from(P.FETCH_HEAD, p, 0)
+        return self.long[off:off + n]
+
     def quit(self, p):
         self.running = False
         return b"{}"
@@ -395,7 +409,7 @@ HANDLERS = {
     P.RUN: Server.start_run,
     P.TRAIN: Server.train, P.PREDICT: Server.predict, P.EVALUATE: Server.evaluate,
     P.SAVE: Server.save, P.RESTORE: Server.restore, P.PARAMS: Server.list_params,
-    P.PARAM_READ: Server.param_read, P.QUIT: Server.quit,
+    P.PARAM_READ: Server.param_read, P.QUIT: Server.quit, P.FETCH: Server.fetch,
 }
 
 
