@@ -42,7 +42,7 @@ def deploy(port, plan):
 
 def test_noisy_line(setup):
     """1% of the bytes damaged in each direction, half dropped and half corrupted, from
-    the first byte of deploy to the last of pull."""
+    the first byte of deploy to the last of pull (one epoch: a slow line)."""
     plan, x, y, sim, _ = setup
     board = make_board("qemu")
     proxy = Proxy(board.port, rate=0.01, seed=1)
@@ -51,16 +51,17 @@ def test_noisy_line(setup):
         b = Board(proxy.port)
         b.connect()
         b.deploy(plan)
-        out = train(b, x, y, epochs=EPOCHS, seed=SEED, checkpoint_every=40)
+        out = train(b, x, y, epochs=1, seed=SEED, checkpoint_every=40)
         got = b.params()
         b.close()
     finally:
         proxy.close()
         board.close()
+    sim = oracle(plan, x, y, epochs=1)
     print("\nnoisy line: %d bytes damaged (to board %d, to host %d); frames resent: %d; %s"
           % (sum(proxy.damaged.values()), proxy.damaged["to_board"], proxy.damaged["to_host"], b.stats.resent,
              b.stats))
-    assert out["samples"] == EPOCHS * len(x)
+    assert out["samples"] == len(x)
     # the line really was that bad, in both directions
     for direction in ("to_board", "to_host"):
         assert proxy.damaged[direction] >= 0.005 * proxy.passed[direction] > 0

@@ -339,3 +339,24 @@ class Proxy:
                 os.close(self._board_fd)
             except OSError:
                 pass
+
+
+def main(argv=None):
+    """python -m microtrain.device.emulated qemu|unix FIRMWARE -- COMMAND...: run COMMAND
+    with an emulated board on a pseudo-terminal, its path in $PORT; the board stops after."""
+    import sys
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 4 or argv[0] not in ("qemu", "unix") or argv[2] != "--":
+        print("usage: python -m microtrain.device.emulated qemu|unix FIRMWARE -- COMMAND...", file=sys.stderr)
+        return 2
+    board = (QemuBoard if argv[0] == "qemu" else UnixBoard)(argv[1])
+    try:
+        board.start()
+        print("board: %s firmware %s on %s" % (argv[0], argv[1], board.port), flush=True)
+        return subprocess.call(argv[3:], env=dict(os.environ, PORT=board.port))
+    finally:
+        board.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

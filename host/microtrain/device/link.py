@@ -181,7 +181,7 @@ class Link:
         while len(data) < total:
             try:
                 data += self.request(P.FETCH, struct.pack(P.FETCH_HEAD, len(data), min(size, total - len(data))),
-                                     retries=4)
+                                     retries=None if size <= 64 else 4)
             except LinkError:
                 if size <= 64:
                     raise
