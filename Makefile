@@ -10,7 +10,7 @@ CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
 NATIVE_STAMP := build/native.stamp
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean bench serial-demo
+.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table serial-demo
 
 all: native
 
@@ -57,20 +57,38 @@ serial-demo: native firmware-qemu
 	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
 	    $(PY) -m microtrain pull --port $$PORT --onnx examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits_trained.onnx'
 
-test: native firmware
+test: native firmware rp2040js
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
-# counts per step on qemu (two runs, which must agree), host simulator vs PyTorch time.
-# Writes bench/results.json and docs/performance.md; see benchmarks/bench.py. Plans too
-# big for the standard heap (MCUNet) run on a second build with a bigger heap.
+# counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host
+# simulator vs PyTorch time. Writes bench/results.json and docs/performance.md; see
+# benchmarks/bench.py. Each board gets its own build, and a second one with a bigger heap
+# for plans that need it (MCUNet).
+BENCH_BOARDS ?= MPS2_AN500 MPS2_AN385
 BENCH_HEAP ?= 2097152
-BENCH_BIG_FIRMWARE = $(MICROTRAIN_BUILD)/bench-qemu-$(FIRMWARE_QEMU_BOARD)-bigheap/firmware.elf
-bench: native firmware-qemu
-	+$(MAKE) firmware-qemu FIRMWARE_QEMU_BUILD=$(patsubst %/,%,$(dir $(BENCH_BIG_FIRMWARE))) \
-	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(BENCH_HEAP)"
-	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --board $(FIRMWARE_QEMU_BOARD) \
-	    --firmware $(FIRMWARE_QEMU) --big-firmware $(BENCH_BIG_FIRMWARE)
+bench: native
+	+for b in $(BENCH_BOARDS); do \
+	    $(MAKE) firmware-qemu FIRMWARE_QEMU_BOARD=$$b FIRMWARE_QEMU_BUILD=$(MICROTRAIN_BUILD)/bench-qemu-$$b && \
+	    $(MAKE) firmware-qemu FIRMWARE_QEMU_BOARD=$$b FIRMWARE_QEMU_BUILD=$(MICROTRAIN_BUILD)/bench-qemu-$$b-bigheap \
+	        FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(BENCH_HEAP)" || exit 1; \
+	done
+	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS)
+	$(PY) benchmarks/perfdoc.py
+
+# rp2040js (npm, pinned by tests/rp2040js/package-lock.json) runs the Pico firmware in the tests
+RP2040JS_STAMP := tests/rp2040js/node_modules/.installed
+$(RP2040JS_STAMP): tests/rp2040js/package.json tests/rp2040js/package-lock.json
+	@if command -v npm >/dev/null; then \
+	    cd tests/rp2040js && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "microtrain: no npm; the rp2040js device tests will not run (apt-get install nodejs npm)"; fi
+rp2040js: $(RP2040JS_STAMP)
+
+# docs/boards.md's table: image sizes of build/firmware/*, free heap measured at boot on every
+# board that runs here (unix, qemu, rp2040js), status; --update-profiles writes the measured
+# heap into boards/*.json too
+boards-table: native
+	$(PY) firmware/boards_table.py --update-profiles
 
 clean: firmware-clean
 	rm -rf build host/build host/microtrain/_native*.so host/microtrain/_native.c .pytest_cache

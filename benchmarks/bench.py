@@ -37,7 +37,8 @@ import qemu_count  # noqa: E402
 ROOT = bench_models.ROOT
 KEYS = ["model", "update", "board", "instr_per_step", "instr_per_predict", "macs_per_step", "instr_per_mac",
         "baseline_instr_per_step", "host_us_per_step", "torch_us_per_step"]
-LR, MOMENTUM, LABEL, REPS = 0.01, 0.9, 3, 3
+LR, MOMENTUM, LABEL = 0.01, 0.9, 3
+REPS, BIG_REPS, BIG_MACS = 3, 1, 10_000_000   # counted steps per case (one for the big networks: qemu time)
 TOL = 1e-4
 # MicroPython's qemu port gives the heap 143360 bytes (ports/qemu/Makefile); a plan
 # whose RAM needs more runs on a build with a bigger heap (`make bench` builds one).
@@ -60,9 +61,10 @@ class Case:
         self.n_out = int(np.prod(self.plan.meta["output"]["shape"][1:]))
         self.x = np.random.default_rng(7).normal(size=self.in_shape).astype(np.float32)
         self.label = LABEL % self.n_out
+        self.reps = BIG_REPS if self.report["macs_per_step"] > BIG_MACS else REPS
         sim = microtrain.Simulator(self.plan)
         self.trainable = sorted(sim.params())
-        losses = [sim.step(self.x, self.label) for _ in range(1 + REPS)]
+        losses = [sim.step(self.x, self.label) for _ in range(1 + self.reps)]
         self.expect = {"loss": float(losses[-1]), "out0": float(sim.predict(self.x).reshape(-1)[0]),
                        "baseline_loss": float(losses[-1])}
 
@@ -112,14 +114,14 @@ def host_speed(case):
 
 def device_script(board, cases, baseline_cases, blob):
     """The script the board runs, with its data, and the blob it reads."""
-    rows = [(c.id, blob.add(c.plan.data), blob.add_f32(c.x), c.label, c.n_out) for c in cases]
+    rows = [(c.id, blob.add(c.plan.data), blob.add_f32(c.x), c.label, c.n_out, c.reps) for c in cases]
     baselines = []
     for c in baseline_cases:
         w = {t.name: numpy_helper.to_array(t).reshape(-1) for t in c.onnx.graph.initializer}
         baselines.append((c.id, blob.add_f32(w["fc1.weight"]), blob.add_f32(w["fc1.bias"]),
                           blob.add_f32(w["fc2.weight"]), blob.add_f32(w["fc2.bias"]),
-                          blob.add_f32(c.x.reshape(-1)), c.label, LR, MOMENTUM, c.update == "full"))
-    parts = [qemu_count.device_prelude(board), qemu_count.header(dict(REPS=REPS, CASES=rows, BASELINES=baselines)),
+                          blob.add_f32(c.x.reshape(-1)), c.label, LR, MOMENTUM, c.update == "full", c.reps))
+    parts = [qemu_count.device_prelude(board), qemu_count.header(dict(CASES=rows, BASELINES=baselines)),
              open(os.path.join(HERE, "plain_mlp.py")).read(), open(os.path.join(HERE, "device_count.py")).read()]
     return "\n".join(parts)
 
@@ -186,94 +188,137 @@ def table(entries):
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
+def firmware_for(board, given, big):
+    """The firmware to count on for a board: --firmware BOARD=PATH, else `make bench`'s build
+    (build/bench-qemu-<board>[-bigheap]), else `make firmware`'s if it was built for that board."""
+    if given.get(board):
+        return given[board]
+    path = os.path.join(ROOT, "build", "bench-qemu-%s%s" % (board, "-bigheap" if big else ""), "firmware.elf")
+    test_build = os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf")
+    if not big and not os.path.exists(path) and built_for(test_build) == board:
+        return test_build
+    return path
+
+
+def built_for(firmware):
+    """The board named in a firmware build's settings (firmware/micropython.mk writes them), if any."""
+    cfg = os.path.join(os.path.dirname(firmware), "microtrain.config")
+    if os.path.exists(firmware) and os.path.exists(cfg):
+        names = set(open(cfg).read().split()) & set(qemu_count.BOARDS)
+        return names.pop() if len(names) == 1 else None
+    return None
+
+
+def sessions_for(board, fw, big, cases):
+    """The qemu sessions of one board, [(firmware, Trainer cases, baseline cases)], and notes by case id.
+    A plan runs on the standard firmware if its RAM fits the heap, else on the big-heap build.
+    Each plain-MicroPython baseline gets a session of its own: its count includes garbage
+    collections, which depend on what the heap holds."""
+    groups, notes = {}, {}
+    for c in cases:
+        fits = [f for f in (fw, big) if os.path.exists(f) and c.heap_needed() <= firmware_heap(f)]
+        if not fits:
+            found = [os.path.relpath(f, ROOT) for f in (fw, big) if os.path.exists(f)]
+            notes[c.id] = "not counted: the plan needs %d KB of RAM, more than the heap of %s" % (
+                c.report["ram_bytes"] >> 10, " or ".join(found) or "any qemu build (none found)")
+            continue
+        groups.setdefault(fits[0], []).append(c)
+        if fits[0] == big:
+            notes[c.id] = "counted on a build with a %d KB heap (the plan needs %d KB of RAM; the standard qemu " \
+                          "build has %d KB)" % (firmware_heap(big) >> 10, c.report["ram_bytes"] >> 10,
+                                                STANDARD_HEAP >> 10)
+    sessions = [(f, group, []) for f, group in groups.items()]
+    sessions += [(fw, [], [c]) for c in cases if c.has_baseline and os.path.exists(fw)]
+    return sessions, notes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--board", default=os.environ.get("FIRMWARE_QEMU_BOARD", "MPS2_AN500"))
-    ap.add_argument("--firmware", default=None, help="default build/micropython-qemu/firmware.elf")
-    ap.add_argument("--big-firmware", default=None,
-                    help="a build with a bigger heap for plans that need it (default build/bench-qemu-<board>-bigheap)")
+    ap.add_argument("--boards", nargs="+", default=os.environ.get("BENCH_BOARDS", "MPS2_AN500").split(),
+                    help="qemu boards (%s)" % ", ".join(qemu_count.BOARDS))
+    ap.add_argument("--firmware", action="append", default=[], metavar="BOARD=PATH",
+                    help="firmware.elf for a board (default build/bench-qemu-<board>/firmware.elf)")
+    ap.add_argument("--big-firmware", action="append", default=[], metavar="BOARD=PATH",
+                    help="a build with a bigger heap, for plans that need it "
+                         "(default build/bench-qemu-<board>-bigheap/firmware.elf)")
     ap.add_argument("--runs", type=int, default=1, help="qemu runs; with 2 or more the counts must be identical")
     ap.add_argument("--only", nargs="*", help="case ids (%s)" % " ".join(c[0] for c in bench_models.cases()))
     ap.add_argument("--no-qemu", action="store_true", help="host figures only")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
     ap.add_argument("-v", "--verbose", action="store_true", help="echo what the board prints")
     args = ap.parse_args()
-    qemu_count.board(args.board)
-    fw = args.firmware or os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf")
-    big = args.big_firmware or os.path.join(ROOT, "build", "bench-qemu-%s-bigheap" % args.board, "firmware.elf")
+    for b in args.boards:
+        qemu_count.board(b)
+    given = {k: dict(a.split("=", 1) for a in v) for k, v in (("std", args.firmware), ("big", args.big_firmware))}
 
     cases = [Case(*c) for c in bench_models.cases() if not args.only or c[0] in args.only]
-    entries, notes = {}, {}
+    host = {}
     for c in cases:
-        host_us, torch_us = host_speed(c)
-        entries[c.id] = dict(model=c.model, update=c.update, board=args.board, instr_per_step=None,
-                             instr_per_predict=None, macs_per_step=int(c.report["macs_per_step"]), instr_per_mac=None,
-                             baseline_instr_per_step=None, host_us_per_step=round(host_us, 1),
-                             torch_us_per_step=round(torch_us, 1))
-        print("%-12s host %8.1f us/step, torch eager %8.1f us/step" % (c.id, host_us, torch_us))
+        host[c.id] = host_speed(c)
+        print("%-12s host %8.1f us/step, torch eager %8.1f us/step" % ((c.id,) + host[c.id]))
 
-    raw_runs = []
-    if not args.no_qemu:
-        groups = {}
-        for c in cases:
-            for f in (fw, big):
-                if os.path.exists(f) and c.heap_needed() <= firmware_heap(f):
-                    groups.setdefault(f, []).append(c)
-                    if f == big:
-                        notes[c.id] = "counted on a build with a %d KB heap (the plan needs %d KB of RAM; the " \
-                                      "standard qemu build has %d KB)" % (firmware_heap(big) >> 10,
-                                                                          c.report["ram_bytes"] >> 10,
-                                                                          STANDARD_HEAP >> 10)
-                    break
-            else:
-                notes[c.id] = "not counted: the plan needs %d KB of RAM, more than the heap of %s" % (
-                    c.report["ram_bytes"] >> 10, " or ".join(os.path.relpath(f, ROOT) for f in (fw, big)
-                                                            if os.path.exists(f)) or "any qemu build found")
-        # each plain-MicroPython baseline runs in a qemu session of its own: its
-        # count includes garbage collections, which depend on what the heap holds
-        sessions = [(f, group, []) for f, group in groups.items()]
-        sessions += [(fw, [], [c]) for c in cases if c.has_baseline and os.path.exists(fw)]
+    counted, notes, raw_runs = {}, {}, [{} for _ in range(args.runs)]
+    for board in ([] if args.no_qemu else args.boards):
+        fw, big = firmware_for(board, given["std"], False), firmware_for(board, given["big"], True)
+        for f in (fw, big):
+            if os.path.exists(f) and built_for(f) not in (None, board):
+                raise ValueError("%s was built for %s, not %s: pass --firmware %s=PATH" % (f, built_for(f), board, board))
+        sessions, board_notes = sessions_for(board, fw, big, cases)
+        notes.update({(board, cid): n for cid, n in board_notes.items()})
         for run in range(args.runs):
-            merged, raw = {}, {}
             for f, group, baselines in sessions:
-                res, counts = count_on(args.board, f, group, baselines, args.verbose)
-                for cid, r in res.items():
-                    merged.setdefault(cid, {}).update(r)
-                raw.update({"%s %s" % (os.path.basename(os.path.dirname(f)), k): v for k, v in counts.items()})
-            raw_runs.append(raw)
-            if run == 0:
-                for cid, r in merged.items():
-                    e = entries[cid]
-                    e["instr_per_step"], e["instr_per_predict"] = r.get("step"), r.get("predict")
-                    if e["instr_per_step"] is not None and e["macs_per_step"]:
-                        e["instr_per_mac"] = round(e["instr_per_step"] / e["macs_per_step"], 1)
-                    e["baseline_instr_per_step"] = r.get("baseline")
-        if args.runs > 1:
-            same = all(r == raw_runs[0] for r in raw_runs[1:])
-            print("determinism: %d qemu runs, %d windows each: %s" % (
-                args.runs, sum(len(v) for v in raw_runs[0].values()),
-                "identical counts" if same else "COUNTS DIFFER"))
-            if not same:
-                for k in raw_runs[0]:
-                    vals = [r.get(k) for r in raw_runs]
-                    if any(v != vals[0] for v in vals):
-                        print("  %s: %s" % (k, vals))
-                return 1
+                res, counts = count_on(board, f, group, baselines, args.verbose)
+                if run == 0:
+                    for cid, r in res.items():
+                        counted.setdefault((board, cid), {}).update(r)
+                tag = "%s %s" % (board, os.path.basename(os.path.dirname(f)))
+                raw_runs[run].update({"%s %s" % (tag, k): v for k, v in counts.items()})
+    # The Trainer windows must repeat exactly. The plain-MicroPython baseline's include garbage
+    # collections, and MicroPython's collector scans the stack conservatively: a stale word
+    # left by the serial polling loop (whose iteration count depends on host timing) can keep
+    # a dead block alive, so its counts may move by a few instructions between runs.
+    identical = baseline_identical = None
+    if args.runs > 1 and raw_runs[0]:
+        core_keys = [k for k in raw_runs[0] if not k.endswith(" baseline")]
+        base_keys = [k for k in raw_runs[0] if k.endswith(" baseline")]
+        differ = lambda keys: [k for k in keys if any(r.get(k) != raw_runs[0][k] for r in raw_runs[1:])]  # noqa
+        identical, baseline_identical = not differ(core_keys), not differ(base_keys)
+        print("determinism: %d qemu runs, %d Trainer windows each: %s" % (
+            args.runs, sum(len(raw_runs[0][k]) for k in core_keys),
+            "identical counts" if identical else "COUNTS DIFFER"))
+        if base_keys:
+            print("plain-MicroPython baseline windows (garbage collection included): %s" % (
+                "identical" if baseline_identical else "differ by at most %d instructions" % max(
+                    abs(a - b) for k in differ(base_keys) for r in raw_runs[1:] for a, b in zip(r[k], raw_runs[0][k]))))
+        for k in differ(core_keys):
+            print("  %s: %s" % (k, [r.get(k) for r in raw_runs]))
+        if not identical:
+            return 1
 
-    out = [{k: e[k] for k in KEYS} for e in entries.values()]
+    out = []
+    for board in args.boards:
+        for c in cases:
+            r = counted.get((board, c.id), {})
+            macs = int(c.report["macs_per_step"])
+            step = r.get("step")
+            out.append(dict(model=c.model, update=c.update, board=board, instr_per_step=step,
+                            instr_per_predict=r.get("predict"), macs_per_step=macs,
+                            instr_per_mac=round(step / macs, 1) if step is not None and macs else None,
+                            baseline_instr_per_step=r.get("baseline"), host_us_per_step=round(host[c.id][0], 1),
+                            torch_us_per_step=round(host[c.id][1], 1)))
     print()
     print(table(out))
-    for cid, n in notes.items():
-        print("%s: %s" % (cid, n))
+    named = {c.id: "%s / %s" % (c.model, c.update) for c in cases}
+    for (board, cid), n in notes.items():
+        print("%s on %s: %s" % (cid, board, n))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
-    run_facts = dict(board=args.board, qemu=qemu_version(), icount_shift=qemu_count.SHIFT, runs=args.runs,
-                     identical=(args.runs > 1 and all(r == raw_runs[0] for r in raw_runs[1:])) or None,
-                     windows=raw_runs[0] if raw_runs else {}, notes={entries[k]["model"] + " / " +
-                                                                     entries[k]["update"]: v for k, v in notes.items()},
-                     commit=git_head(), lr=LR, momentum=MOMENTUM, reps=REPS)
+    run_facts = dict(boards=args.boards, qemu=qemu_version(), icount_shift=qemu_count.SHIFT, runs=args.runs,
+                     identical=identical, baseline_identical=baseline_identical, windows=raw_runs[0],
+                     notes={"%s on %s" % (named[cid], board): n for (board, cid), n in notes.items()},
+                     commit=git_head(), lr=LR, momentum=MOMENTUM)
     with open(os.path.splitext(args.out)[0] + ".run.json", "w") as f:
         json.dump(run_facts, f, indent=1, sort_keys=True)
         f.write("\n")

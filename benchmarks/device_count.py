@@ -1,5 +1,5 @@
 # Runs on the board (MicroPython). benchmarks/bench.py sends it after its data:
-# FINE, COARSE, BLOB, MASK, COARSE_CTRL (benchmarks/qemu_count.py), REPS, CASES,
+# FINE, COARSE, BLOB, MASK, MAGIC, COARSE_CTRL (benchmarks/qemu_count.py), CASES,
 # BASELINES, and after benchmarks/plain_mlp.py (make, step). It prints one line
 # per measured window, 'W <case> <what> <four raw timer values>', and the values
 # the host checks against its simulator, 'V <case> <what> <value>'.
@@ -46,32 +46,34 @@ def floats(where):
     return array("f", blob(where))
 
 
-def trainer_case(name, plan, x, label, n_out):
+def trainer_case(name, plan, x, label, n_out, reps):
     t = microtrain.Trainer(blob(plan))
     xb = blob(x)
     lo = array("f", [0.0])
     out = array("f", bytes(4 * n_out))
     t.step(xb, label, lo)   # step 1 outside the counts; steps 2.. are counted
-    for i in range(REPS):
+    for i in range(reps):
         gc.collect()
         show(name, "step", w_call3(t.step, xb, label, lo))
     print("V", name, "loss", lo[0])
-    for i in range(REPS):
+    for i in range(reps):
         gc.collect()
         show(name, "predict", w_call2(t.predict, xb, out))
     print("V", name, "out0", out[0])
 
 
-def baseline_case(name, w1, b1, w2, b2, x, label, lr, momentum, full):
+def baseline_case(name, w1, b1, w2, b2, x, label, lr, momentum, full, reps):
     xs = list(floats(x))
     net = make(floats(w1), floats(b1), floats(w2), floats(b2), len(xs), lr, momentum, full)
     step(net, xs, label)   # step 1 outside the counts, as for the core
-    for i in range(REPS):
+    for i in range(reps):
         gc.collect()
         show(name, "baseline", w_call3(step, net, xs, label))
     print("V", name, "baseline_loss", net["loss"])   # the last counted step's: the host checks it
 
 
+if bytes(blob((0, len(MAGIC)))) != MAGIC:
+    raise ValueError("no benchmark data at 0x%x: the board's blob address in benchmarks/qemu_count.py is wrong" % BLOB)
 timers_csr = mem[SYST_CSR]
 mem[FINE + 8] = MASK   # RELOAD
 mem[FINE + 4] = MASK   # VALUE
@@ -80,7 +82,7 @@ mem[COARSE] = MASK     # Timer1Load
 mem[COARSE + 8] = COARSE_CTRL
 mem[SYST_CSR] = timers_csr & ~2
 try:
-    for i in range(REPS):
+    for i in range(3):
         gc.collect()
         show("-", "empty", w_empty())
     for c in CASES:

@@ -40,14 +40,17 @@ PRESCALE = 256                # the coarse timer counts every 256 fine ticks
 # Per qemu board: the qemu machine, the timer clock, the fine and coarse timers'
 # register bases and the RAM where the blob goes (unused by the firmware, whose
 # image, heap and stack live in the 4 MB SSRAM at 0). The MPS2 FPGA images share
-# the CMSDK peripheral map (timer 0 at 0x40000000, dual timer at 0x40002000) and
-# have 16 MB of RAM at 0x60000000 in qemu (`info mtree` in the qemu monitor).
+# the CMSDK peripheral map (timer 0 at 0x40000000, dual timer at 0x40002000); qemu
+# gives them 16 MB more RAM, at 0x60000000 on AN500 and at 0x21000000 on AN385
+# (`info mtree` in the qemu monitor). A board whose blob address is not RAM would
+# read zeros: the script checks a magic word first.
 BOARDS = {
     "MPS2_AN500": dict(machine="mps2-an500", core="Cortex-M7", timer_hz=25_000_000,
                        fine=0x40000000, coarse=0x40002000, blob=0x60000000, blob_max=16 << 20),
     "MPS2_AN385": dict(machine="mps2-an385", core="Cortex-M3", timer_hz=25_000_000,
-                       fine=0x40000000, coarse=0x40002000, blob=0x60000000, blob_max=16 << 20),
+                       fine=0x40000000, coarse=0x40002000, blob=0x21000000, blob_max=16 << 20),
 }
+MAGIC = b"MTBENCH1"
 
 
 def board(name):
@@ -72,7 +75,7 @@ class Blob:
     """The bytes qemu loads at the board's blob address; add() returns (offset, length)."""
 
     def __init__(self):
-        self.data = bytearray()
+        self.data = bytearray(MAGIC)   # the script checks it: the blob really is where it reads
 
     def add(self, b):
         b = bytes(b)
@@ -94,7 +97,7 @@ def header(values):
 def device_prelude(board_name):
     """The constants the device script's timer code needs, as source."""
     b = board(board_name)
-    return header(dict(FINE=b["fine"], COARSE=b["coarse"], BLOB=b["blob"], MASK=FINE_MASK,
+    return header(dict(FINE=b["fine"], COARSE=b["coarse"], BLOB=b["blob"], MASK=FINE_MASK, MAGIC=MAGIC,
                        COARSE_CTRL=0x80 | 0x40 | 0x08 | 0x02))   # enable, periodic, /256, 32-bit, no interrupt
 
 

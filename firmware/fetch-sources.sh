@@ -180,7 +180,7 @@ get_circuitpython() {
             unpack "$archive" "$tmp/$sub"
         done
         # CircuitPython's build reads its version from git tags
-        (cd "$tmp" && git init -q && git add -A && \
+        (cd "$tmp" && git init -q && git -c core.autocrlf=false -c core.safecrlf=false add -A && \
             git -c user.name=microtrain -c user.email=microtrain@localhost commit -q -m "CircuitPython $CIRCUITPY_TAG sources" && \
             git tag "$CIRCUITPY_TAG")
         rmdir "$dir" 2>/dev/null || true

@@ -56,3 +56,19 @@ def test_plan_format_doc_tables_are_current():
     start = doc.index("<!-- generated: python host/microtrain/format.py --markdown -->\n")
     end = doc.index("<!-- end generated -->")
     assert doc[doc.index("\n", start) + 1:end] == out, "docs/plan-format.md tables are stale: run `make header`"
+
+
+def test_attribute_groups_lead_the_attributes_of_every_op_that_has_them():
+    """The C core names a group's attributes once (MT_CONV_A_STRIDE_H for all three convolution ops)."""
+    for op in F.OPS:
+        for group in F.ATTR_GROUPS.values():
+            if set(group) <= set(op.attrs):
+                assert tuple(op.attrs[:len(group)]) == group, op.name
+
+
+def test_record_packing_round_trips():
+    rec = F.pack_op(3, 1, [5, None, 7], [1, -2, 3])
+    assert len(rec) % 4 == 0
+    assert F.unpack_op(b"xx" + rec, 2) == (3, 1, [5, None, 7], [1, -2, 3], 2 + len(rec))
+    fields = {name: i + 1 for i, (name, _) in enumerate(F.TENSOR_FIELDS)}
+    assert F.unpack_tensor(F.pack_tensor(**fields), 0) == fields

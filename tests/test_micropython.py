@@ -1,20 +1,29 @@
-"""The microtrain module on MicroPython itself: the unix port and the qemu
-Cortex-M7 firmware (MPS2_AN500), built by `make firmware`.
+"""The microtrain module on MicroPython and CircuitPython themselves, on every target that
+runs here (tests/mptargets.py): the unix port, the qemu boards MPS2_AN385 (Cortex-M3, soft
+float), MPS2_AN386 (Cortex-M4F) and MPS2_AN500 (Cortex-M7), each with the module built into
+the firmware and again with the native module _microtrain.mpy loaded at run time, PyPI's
+prebuilt MicroPython unix port with the x64 .mpy, the Raspberry Pi Pico firmware in the
+rp2040js emulator (Cortex-M0+, soft float), and CircuitPython 10.2.1's unix port.
 
-The tests are MicroPython's own kind: tests/micropython/<name>.py with its
-expected output <name>.py.exp, run by MicroPython's tests/run-tests.py, which
-sends each script to the target (a process for unix, a serial REPL for qemu)
-and compares what it prints with the .exp. The .exp files are written by hand
-and hold no figure our own code computes, only True/False verdicts, fixed
-facts and exception messages.
+These are parity checks against the host simulator (the same C core, through cffi), not
+an independent oracle: they show that the firmware build, the binding, the device package
+and each CPU (with or without an FPU) reproduce the host's numbers.
 
-qemu has no filesystem, so everything a test needs (plans, samples, and what
-the host simulator computed from them: parameters after 50 steps, losses,
-predictions, report figures) travels inside the script. This file compiles the
-plans, runs the host simulator, and writes build/mptests/<name>.py = a data
-header, the shared _prelude.py and the template, with the .exp next to it. Each port is one test here;
-a failure shows run-tests.py's output and the diff of each failing test.
+The tests are MicroPython's own kind: tests/micropython/<name>.py with its expected output
+<name>.py.exp, run by MicroPython's tests/run-tests.py, which sends each script to the
+target (a process for unix, a serial REPL for qemu and rp2040js) and compares what it
+prints with the .exp. The .exp files are written by hand and hold no figure our own code
+computes, only True/False verdicts, fixed facts and exception messages.
+
+The boards have no filesystem: everything a test needs (plans, samples, and what the host
+simulator computed from them: parameters after 50 steps, losses, predictions, report
+figures) travels inside the script. This file compiles the plans, runs the host simulator,
+and writes build/mptests/<target>/<name>.py = a data header, for native-module targets
+the loader (_natmod_loader.py, with the .mpy), the shared _prelude.py and the template,
+with the .exp next to it. Each target is one test here; a failure shows run-tests.py's
+output and the diff of each failing test. Under CI (CI=true) a target that cannot run fails.
 """
+import binascii
 import difflib
 import glob
 import json
@@ -34,18 +43,15 @@ from microtrain import format as F
 from microtrain.native import Core
 
 import models
+import mptargets
+from microtrain import boards
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = mptargets.ROOT
 TEMPLATES = os.path.join(ROOT, "tests", "micropython")
 OUT = os.path.join(ROOT, "build", "mptests")
-MICROPY_DIR = os.path.abspath(os.path.expanduser(
-    os.environ.get("MICROPY_DIR") or os.path.join("~", ".cache", "microtrain", "micropython")))
-FIRMWARE = {
-    "unix": os.path.join(ROOT, "build", "micropython-unix", "micropython"),
-    "qemu": os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf"),
-}
-QEMU_CMD = "qemu-system-arm -machine mps2-an500 -nographic -monitor null -semihosting -serial pty -kernel %s"
+MICROPY_DIR = mptargets.MICROPY_DIR
 MODULE_SOURCES = os.path.join(ROOT, "modules", "microtrain")
+TARGETS = mptargets.targets()
 
 STEPS = 50
 TOL = 1e-5   # |device - host| <= TOL * max(1, |host|), for every parameter, loss and output
@@ -222,8 +228,58 @@ def data_api():
                 PLAN_ONE_TARGET=one.data)
 
 
+def data_state():
+    """MLP, momentum 0.9, batch 3; the checkpoint is taken mid-batch (STOP = 7 of TOTAL = 12 steps)."""
+    mlp = lambda seed: models.mlp(n_in=8, hidden=6, n_out=3, seed=seed)   # noqa: E731
+    plan = microtrain.compile(mlp(7), update="full", lr=0.05, momentum=0.9, batch=3)
+    other = microtrain.compile(mlp(8), update="full", lr=0.05, momentum=0.9, batch=3)
+    rng = np.random.default_rng(7)
+    x, y = learnable(rng, 5, 8, 3)
+    stop, total = 7, 12
+    host = Core(plan.data)
+    for i in range(stop):
+        host.step_label(x[i % 5], y[i % 5])
+    info, blob = host.info(), host.save_state()
+    for i in range(stop, total):
+        host.step_label(x[i % 5], y[i % 5])
+    new = {k: rng.normal(size=host.param(k).shape).astype(np.float32) for k in host.param_names}
+    fresh = Core(plan.data)
+    fresh.set_params(new)
+    return dict(PLAN=plan.data, PLAN_OTHER=other.data, N=5, X=f32(x), Y=[int(v) for v in y], STOP=stop,
+                TOTAL=total, HOST_INFO=info, HOST_STATE_LEN=host.state_len, HOST_BLOB=blob,
+                HOST_PARAMS={k: f32(host.param(k)) for k in host.param_names},
+                NEW_PARAMS={k: f32(v) for k, v in new.items()}, HOST_PRED_NEW=f32(fresh.predict(x[0])))
+
+
+def data_plan_buffer():
+    """A fully trained MLP, a CNN with frozen layers, and another plan as long as the MLP's."""
+    full = microtrain.compile(models.mlp(n_in=8, hidden=40, n_out=3, seed=9), update="full", lr=0.05, momentum=0.9)
+    other = microtrain.compile(models.mlp(n_in=8, hidden=40, n_out=3, seed=10), update="full", lr=0.05, momentum=0.9)
+    frozen = microtrain.compile(models.cnn(seed=9, hw=6, n_out=3), update="last-layer", lr=0.05)
+    assert len(full.data) == len(other.data) and len(full.data) > 1200 and frozen.report()["const_bytes"] > 0
+    rng = np.random.default_rng(9)
+    return dict(PLAN_FULL=full.data, PLAN_FROZEN=frozen.data, PLAN_OTHER=other.data,
+                X_FULL=f32(rng.normal(size=8)), Y_FULL=1, X_FROZEN=f32(rng.normal(size=72)), Y_FROZEN=2)
+
+
 DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "noalloc": data_noalloc,
-        "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api}
+        "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api,
+        "state": data_state, "plan_buffer": data_plan_buffer}
+
+
+def data_board_fit():
+    """What Trainer(plan) takes from the heap, as boards.ram_needed predicts it for a 32-bit
+    and a 64-bit board (the plan itself is already in RAM: the script holds it)."""
+    plan = microtrain.compile(models.cnn(seed=5, hw=6, n_out=3), update="full", lr=0.05, momentum=0.9, batch=2)
+    r = plan.report()
+    need = {}
+    for word, name in ((4, "rpi_pico"), (8, "unix")):
+        parts = boards.ram_needed(r, boards.load_board(name), plan_in_ram_=False)
+        need[word] = parts["ram_bytes"] + parts["trainer"]
+    return dict(PLAN=plan.data, NEED=need, GC_BLOCK=boards.GC_BLOCK_BYTES)
+
+
+DATA["board_fit"] = data_board_fit
 
 
 def header(name, values):
@@ -231,6 +287,18 @@ def header(name, values):
              "# Do not edit; the test body starts after the data."]
     lines += ["%s = %r" % (k, v) for k, v in values.items()]
     return "\n".join(lines) + "\n\n"
+
+
+def natmod_header(target):
+    """The native module and the device package, for _natmod_loader.py."""
+    with open(target.mpy, "rb") as f:
+        mpy = binascii.b2a_base64(f.read(), newline=False).decode()
+    package = {}
+    pkg_root = mptargets.PACKAGE
+    for path in sorted(glob.glob(os.path.join(pkg_root, "microtrain", "*.py"))):
+        with open(path, "rb") as f:
+            package[os.path.relpath(path, pkg_root)] = f.read()
+    return "NATMOD_MPY = %r\nNATMOD_PACKAGE = %r\n" % (mpy, package)
 
 
 # ---- running ---------------------------------------------------------------------------------
@@ -245,27 +313,36 @@ def test_every_template_has_expected_output_and_data():
         assert exp.endswith("\n") and "Traceback" not in exp, n
 
 
-_generated = []
+_bodies = {}
 
 
-def generate():
-    """build/mptests/<name>.py (data + template) and <name>.py.exp; returns the .py paths.
-    Once per session, and only for a port that is not skipped."""
-    if _generated:
-        return _generated
-    if os.path.isdir(OUT):
-        shutil.rmtree(OUT)
-    os.makedirs(OUT)
+def bodies():
+    """{name: data header + prelude + template}, computed once per session (the host side
+    of every test), and only when some target runs."""
+    if not _bodies:
+        prelude = open(os.path.join(TEMPLATES, "_prelude.py")).read()
+        for name, make in DATA.items():
+            body = open(os.path.join(TEMPLATES, name + ".py")).read()
+            _bodies[name] = (header(name, make()), prelude + "\n\n" + body)
+    return _bodies
+
+
+def generate(target):
+    """build/mptests/<target>/<name>.py and .py.exp; returns the .py paths."""
+    out = os.path.join(OUT, target.name)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+    loader = ""
+    if target.natmod:
+        loader = natmod_header(target) + open(os.path.join(TEMPLATES, "_natmod_loader.py")).read() + "\n\n"
     paths = []
-    prelude = open(os.path.join(TEMPLATES, "_prelude.py")).read()
-    for name, make in DATA.items():
-        body = open(os.path.join(TEMPLATES, name + ".py")).read()
-        path = os.path.join(OUT, name + ".py")
+    for name, (data, body) in bodies().items():
+        path = os.path.join(out, name + ".py")
         with open(path, "w") as f:
-            f.write(header(name, make()) + prelude + "\n\n" + body)
+            f.write(data + loader + body)
         shutil.copyfile(os.path.join(TEMPLATES, name + ".py.exp"), path + ".exp")
         paths.append(path)
-    _generated.extend(paths)
     return paths
 
 
@@ -277,50 +354,37 @@ def skip(reason):
     pytest.skip(reason)
 
 
-def need_firmware(port):
-    if not os.path.isfile(os.path.join(MICROPY_DIR, "py", "mpconfig.h")):
+def need_target(target):
+    if not os.path.isfile(os.path.join(MICROPY_DIR, "tests", "run-tests.py")):
         skip("no MicroPython checkout at %s; run `make micropython` or set MICROPY_DIR (see firmware/README.md)"
              % MICROPY_DIR)
-    fw = FIRMWARE[port]
-    if not os.path.isfile(fw):
-        skip("no %s firmware at %s; run `make firmware`" % (port, os.path.relpath(fw, ROOT)))
-    if port == "qemu":
-        if shutil.which("qemu-system-arm") is None:
-            skip("qemu-system-arm not found (Debian/Ubuntu: apt-get install qemu-system-arm)")
-        try:
-            import serial  # noqa: F401  run-tests.py talks to qemu's serial pty with pyserial
-        except ImportError:
-            skip("run-tests.py needs pyserial to talk to qemu (pip install pyserial)")
-    # a firmware older than the module's sources (the files its make rule depends on, the
-    # frozen device package included) tests old code
-    sources = [p for pattern in ("*.c", "*.h", "micropython.mk", "manifest.py", "python/*/*.py")
-               for p in glob.glob(os.path.join(MODULE_SOURCES, pattern))]
-    newer = sorted(os.path.basename(p) for p in sources if os.path.getmtime(p) > os.path.getmtime(fw))
-    if newer:
-        pytest.fail("%s is older than modules/microtrain/%s; run `make firmware`"
-                    % (os.path.relpath(fw, ROOT), ", ".join(newer)), pytrace=False)
-    return fw
+    why = target.missing()
+    if why:
+        skip(why)
+    if target.firmware.startswith(ROOT):
+        # a firmware older than the module's sources (what its make rule depends on, the
+        # frozen device package included) tests old code
+        sources = [p for pattern in ("*.c", "*.h", "micropython.mk", "manifest.py", "python/*/*.py")
+                   for p in glob.glob(os.path.join(MODULE_SOURCES, pattern))]
+        built = min(os.path.getmtime(f) for f in (target.firmware, target.mpy) if f)
+        newer = sorted(os.path.relpath(p, MODULE_SOURCES) for p in sources if os.path.getmtime(p) > built)
+        if newer:
+            pytest.fail("%s is older than modules/microtrain/%s; run `make firmware`"
+                        % (os.path.relpath(target.firmware, ROOT), ", ".join(newer)), pytrace=False)
 
 
-@pytest.mark.parametrize("port", ["unix", "qemu"])
-def test_micropython(port):
-    fw = need_firmware(port)
-    mptests = generate()
-    results = os.path.join(ROOT, "build", "mptests-results", port)
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_micropython(name):
+    target = TARGETS[name]
+    need_target(target)
+    mptests = generate(target)
+    results = os.path.join(ROOT, "build", "mptests-results", name)
     if os.path.isdir(results):
         shutil.rmtree(results)
     os.makedirs(results)
-    env = dict(os.environ)
-    if port == "unix":
-        env["MICROPY_MICROPYTHON"] = fw
-        target = ["-t", "unix"]
-    else:
-        target = ["-t", "execpty:" + QEMU_CMD % fw, "-j", "1"]
-    env.setdefault("MICROPY_TEST_TIMEOUT", "60")   # per test; qemu is an emulated board
-    tests_dir = os.path.join(MICROPY_DIR, "tests")
-    cmd = [sys.executable, os.path.join(tests_dir, "run-tests.py")] + target + ["--result-dir", results] + mptests
+    cmd, env, cwd = mptargets.run_tests_command(target, mptests, results)
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=tests_dir, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
     took = time.monotonic() - t0
     out = r.stdout + r.stderr
     summary = os.path.join(results, "_results.json")
@@ -330,13 +394,13 @@ def test_micropython(port):
     missing = sorted(set(os.path.basename(p) for p in mptests) - set(status))
     if failed or missing or r.returncode != 0:
         report = ["run-tests.py on %s (rc %d, %.0f s): not passed: %s%s" % (
-            port, r.returncode, took, ", ".join("%s (%s)" % (n, status[n]) for n in failed),
+            name, r.returncode, took, ", ".join("%s (%s)" % (n, status[n]) for n in failed),
             "; never run: " + ", ".join(missing) if missing else ""), out]
         for n in failed:
             for o in glob.glob(os.path.join(results, "*_" + n + ".out")):
                 exp = o[:-4] + ".exp"
                 expected = open(exp).read().splitlines() if os.path.exists(exp) else []
                 got = open(o, errors="replace").read().splitlines()
-                report += ["---- %s" % n] + list(difflib.unified_diff(expected, got, "expected", port, lineterm=""))
+                report += ["---- %s" % n] + list(difflib.unified_diff(expected, got, "expected", name, lineterm=""))
         pytest.fail("\n".join(report), pytrace=False)
-    print("%s: %d tests passed in %.1f s" % (port, len(status), took))
+    print("%s: %d tests passed in %.1f s" % (name, len(status), took))

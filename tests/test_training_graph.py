@@ -83,17 +83,26 @@ def test_dead_branch_is_dropped():
     assert "unused" not in [t["name"] for t in plan.tensors]
 
 
-def test_shared_trainable_weight_is_refused_and_frozen_sharing_is_fine():
+def test_shared_weight_is_one_parameter_updated_at_the_batch_end():
+    """A weight two layers use is one parameter: both gradient ops add into its accumulator
+    and one SGD op applies the sum, also with batch 1 (tests/test_shared_weights.py compares
+    the training with PyTorch)."""
     m = models.mlp(n_in=5, hidden=5, n_out=5)
     nodes = list(m.graph.node)
     nodes.append(helper.make_node("Gemm", ["y", "fc1.weight"], ["z"], transB=1, name="reuse"))
     m.graph.ClearField("node")
     m.graph.node.extend(nodes)
     m.graph.output[0].name = "z"
-    with pytest.raises(ValueError, match="shared by 2 nodes"):
-        microtrain.compile(m, update="full")
+    plan = microtrain.compile(m, update="full", momentum=0.9)
+    names = [t["name"] for t in plan.tensors]
+    grads = [o for o in plan.ops if o["op"] == "GEMM_BWD_WEIGHT" and names[o["slots"][2]] == "fc1.weight"]
+    assert len(grads) == 2 and {names[o["slots"][4]] for o in grads} == {"acc(fc1.weight)"}
+    assert all(o["slots"][3] is None for o in grads)   # no update on the spot
+    sgd = [o for o in plan.ops if o["op"] == "SGD"]
+    assert [(names[o["slots"][0]], names[o["slots"][1]], o["phase"]) for o in sgd] == [
+        ("fc1.weight", "mom(fc1.weight)", "BATCH_END")]
     plan = microtrain.compile(m, update=["fc2.weight"])
-    assert plan.params() == ["fc2.weight"]
+    assert plan.params() == ["fc2.weight"] and not any(o["op"] == "SGD" for o in plan.ops)
 
 
 def test_relu_and_residual_add_run_in_place():

@@ -81,7 +81,29 @@ TENSOR_BYTES = TENSOR_STRUCT.size
 
 # op record: u8 code, u8 phase, u8 n_tensors, u8 n_attrs, u16 tensor[n_tensors],
 # padding to 4 bytes, i32 attr[n_attrs]
-OP_HEAD_BYTES = 4
+OP_HEAD_STRUCT = struct.Struct("<BBBB")
+OP_HEAD_BYTES = OP_HEAD_STRUCT.size
+
+# A training-state blob (mt_save_state / mt_load_state): this header, the whole
+# state region (parameters, momentum, gradient accumulators), then the CRC-32 of
+# everything before it. Resuming from it continues bit for bit.
+STATE_MAGIC = b"MTST"
+STATE_VERSION = 1
+STATE_FIELDS = [
+    ("magic", "4s"),          # b"MTST"
+    ("version", "H"),         # STATE_VERSION
+    ("reserved0", "H"),       # 0
+    ("plan_crc32", "I"),      # the crc32 field of the plan it was saved with
+    ("state_bytes", "I"),     # size of the state region that follows the header
+    ("steps", "I"),           # samples trained
+    ("updates", "I"),         # parameter updates applied
+    ("in_batch", "I"),        # samples since the last update, < batch
+    ("rejected", "I"),        # steps refused for a non-finite loss
+    ("lr", "f"),              # learning rate (it may differ from the plan's)
+    ("reserved1", "I"),       # 0
+]
+STATE_STRUCT = struct.Struct("<" + "".join(code for _, code in STATE_FIELDS))
+STATE_HEADER_BYTES = STATE_STRUCT.size
 
 DTYPES = {"F32": (1, 4), "I32": (2, 4), "I8": (3, 1), "U8": (4, 1)}  # name: (code, size)
 STORAGES = {"ARENA": 0, "CONST": 1, "STATE": 2}
@@ -157,6 +179,9 @@ OPS = (
     OpSpec("MSE", 18, _s("out target dout:out"), ()),
     OpSpec("SGD", 19, _s("w:param m:state? acc:state"), ()),
 )
+# attribute groups: ops that share one keep it at the start of their attributes,
+# so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them
+ATTR_GROUPS = {"CONV": CONV_ATTRS, "POOL": POOL_ATTRS}
 OPS_BY_NAME = {op.name: op for op in OPS}
 OPS_BY_CODE = {op.code: op for op in OPS}
 W_LAYOUT_OUT_IN = 0   # Gemm weight stored [out, in] (Gemm transB=1, torch Linear)
@@ -193,6 +218,13 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("OUTPUT_LEN", "output buffer has the wrong number of elements"),
     ("TARGET_KIND", "target kind does not match the loss (class label for cross-entropy, float targets for mse)"),
     ("TARGET_NONFINITE", "target contains NaN or infinity"),
+    ("LR", "learning rate must be a finite number >= 0"),
+    ("PARAM_LEN", "parameter data has the wrong number of elements"),
+    ("PARAM_NONFINITE", "parameter data contains NaN or infinity"),
+    ("STATE_LEN", "state blob has the wrong length for this plan"),
+    ("STATE_CORRUPT", "state blob is corrupted (bad magic, version, field or CRC)"),
+    ("STATE_PLAN", "state blob was saved with a different plan"),
+    ("CHANGED", "plan bytes changed between mt_load and mt_attach"),
 )
 
 
@@ -207,21 +239,54 @@ def dtype_size(code):
     raise KeyError(code)
 
 
-def header_offsets():
-    """Byte offset of each header field."""
+def _offsets(fields):
     offs, pos = {}, 0
-    for name, code in HEADER_FIELDS:
+    for name, code in fields:
         offs[name] = pos
         pos += struct.calcsize("<" + code)
     return offs
+
+
+def header_offsets():
+    """Byte offset of each header field."""
+    return _offsets(HEADER_FIELDS)
 
 
 def tensor_offsets():
-    offs, pos = {}, 0
-    for name, code in TENSOR_FIELDS:
-        offs[name] = pos
-        pos += struct.calcsize("<" + code)
-    return offs
+    return _offsets(TENSOR_FIELDS)
+
+
+def state_offsets():
+    return _offsets(STATE_FIELDS)
+
+
+# ---- records: the one packing and unpacking of tensor and op records ----
+
+def pack_tensor(**fields):
+    """A tensor record from its TENSOR_FIELDS, by name."""
+    return TENSOR_STRUCT.pack(*[fields[name] for name, _ in TENSOR_FIELDS])
+
+
+def unpack_tensor(buf, pos):
+    """{field: value} of the tensor record at byte pos of buf."""
+    return dict(zip((name for name, _ in TENSOR_FIELDS), TENSOR_STRUCT.unpack_from(buf, pos)))
+
+
+def pack_op(code, phase, slots, attrs):
+    """An op record; slots are tensor indices, None for an absent optional slot."""
+    slots = [NO_TENSOR if s is None else s for s in slots]
+    rec = OP_HEAD_STRUCT.pack(code, phase, len(slots), len(attrs)) + struct.pack("<%dH" % len(slots), *slots)
+    rec += b"\0" * (-len(rec) % 4)
+    return rec + struct.pack("<%di" % len(attrs), *attrs)
+
+
+def unpack_op(buf, pos):
+    """(code, phase, slots with None for absent ones, attrs, position of the next record)."""
+    code, phase, nt, na = OP_HEAD_STRUCT.unpack_from(buf, pos)
+    slots = struct.unpack_from("<%dH" % nt, buf, pos + OP_HEAD_BYTES)
+    at = pos + OP_HEAD_BYTES + ((2 * nt + 3) & ~3)
+    attrs = struct.unpack_from("<%di" % na, buf, at)
+    return code, phase, [None if s == NO_TENSOR else s for s in slots], list(attrs), at + 4 * na
 
 
 def c_header():
@@ -246,6 +311,12 @@ def c_header():
     L += ["", "/* tensor record field byte offsets */", "#define MT_TENSOR_BYTES %d" % TENSOR_BYTES]
     for name, off in tensor_offsets().items():
         L.append("#define MT_T_%s %d" % (name.upper(), off))
+    L += ["", "/* training-state blob: header field byte offsets; the state region and a CRC-32 follow */",
+          '#define MT_STATE_MAGIC "%s"' % STATE_MAGIC.decode(),
+          "#define MT_STATE_VERSION %d" % STATE_VERSION,
+          "#define MT_STATE_HEADER_BYTES %d" % STATE_HEADER_BYTES]
+    for name, off in state_offsets().items():
+        L.append("#define MT_S_%s %d" % (name.upper(), off))
     L += ["", "/* dtype codes and sizes */"]
     for name, (code, size) in DTYPES.items():
         L.append("#define MT_DTYPE_%s %d" % (name, code))
@@ -273,6 +344,14 @@ def c_header():
         for i, a in enumerate(op.attrs):
             L.append("#define MT_%s_A_%s %d" % (op.name, a.upper(), i))
     L.append("#define MT_OP_MAX %d" % max(op.code for op in OPS))
+    L += ["", "/* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */",
+          "#define MT_FOR_EACH_OP(X) \\"]
+    L += ["    X(%s) \\" % op.name for op in OPS]
+    L[-1] = L[-1].rstrip(" \\")
+    L += ["", "/* attribute groups: the same position in every op that has the group */"]
+    for group, attrs in ATTR_GROUPS.items():
+        for i, a in enumerate(attrs):
+            L.append("#define MT_%s_A_%s %d" % (group, a.upper(), i))
     L += ["", "/* per-op slot table, indexed by op code: initialiser for mt_opspec_t[MT_OP_MAX + 1] */",
           "#define MT_SLOT(role, dtype, opt) ((uint8_t)((role) | ((dtype) << 2) | ((opt) << 7)))",
           "#define MT_SLOT_ROLE(s) ((s) & 3)", "#define MT_SLOT_DTYPE(s) (((s) >> 2) & 31)",
@@ -314,6 +393,11 @@ def markdown_tables():
     L += ["", "### Tensor record (%d bytes)" % TENSOR_BYTES, "", "| offset | field | type |", "|---|---|---|"]
     for name, off in tensor_offsets().items():
         L.append("| %d | `%s` | %s |" % (off, name, ctypes[dict(TENSOR_FIELDS)[name]]))
+    L += ["", "### Training-state blob (%d-byte header, then the state region, then a u32 CRC-32 of all before it)"
+          % STATE_HEADER_BYTES, "", "| offset | field | type |", "|---|---|---|"]
+    for name, off in state_offsets().items():
+        code = dict(STATE_FIELDS)[name]
+        L.append("| %d | `%s` | %s |" % (off, name, ctypes.get(code, "%s bytes" % code.rstrip("s"))))
     L += ["", "### Codes", "",
           "| kind | values |", "|---|---|",
           "| dtype (code, bytes) | %s |" % ", ".join("%s=%d (%d)" % (k, c, z) for k, (c, z) in DTYPES.items()),

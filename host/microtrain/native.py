@@ -10,20 +10,20 @@ except ImportError as e:   # pragma: no cover - depends on the install
 
 from . import format as F
 
+LOSS_NAMES = {F.LOSSES["CROSS_ENTROPY"]: "cross-entropy", F.LOSSES["MSE"]: "mse"}
+DTYPES = {F.dtype_code("F32"): np.float32, F.dtype_code("I32"): np.int32,
+          F.dtype_code("I8"): np.int8, F.dtype_code("U8"): np.uint8}
+
 
 class PlanError(ValueError):
     """A plan the C core refuses."""
 
 
-def error_text(ctx, code, names=None):
-    msg = ffi.string(lib.mt_strerror(code)).decode()
-    where = []
-    if ctx is not None and ctx.err_op >= 0:
-        where.append("op %d" % ctx.err_op)
-    if ctx is not None and ctx.err_tensor >= 0:
-        t = ctx.err_tensor
-        where.append("tensor %d%s" % (t, " '%s'" % names[t] if names and t < len(names) else ""))
-    return msg + (" (%s)" % ", ".join(where) if where else "")
+def error_text(ctx, code):
+    """The core's message for code, with where it happened (mt_error_text, as on the device)."""
+    buf = ffi.new("char[]", 256)
+    n = lib.mt_error_text(ctx if ctx is not None else ffi.NULL, code, buf, len(buf))
+    return ffi.string(buf, n).decode()
 
 
 class Core:
@@ -51,25 +51,38 @@ class Core:
         err = lib.mt_attach(self.ctx, ffi.cast("uint8_t *", self._ram) + guard, self.ram_bytes)
         if err:
             raise PlanError("cannot attach RAM: " + error_text(self.ctx, err))
-        self.names = [self.info(i)[0] for i in range(self.ctx.n_tensors)]
+        self.names = [self.tensor_info(i)[0] for i in range(self.ctx.n_tensors)]
+        self.param_names = [self.param_info(k)[0] for k in range(lib.mt_param_count(self.ctx))]
 
     def check(self, err):
         if err:
-            raise ValueError(error_text(self.ctx, err, self.names))
+            raise ValueError(error_text(self.ctx, err))
 
-    def info(self, i):
+    @staticmethod
+    def _described(ti):
+        dims = tuple(ti.dim[k] for k in range(ti.ndim))
+        return ffi.string(ti.name, ti.name_len).decode(errors="replace"), ti, dims
+
+    def tensor_info(self, i):
+        """(name, mt_tensor_info_t, shape) of tensor i."""
         ti = ffi.new("mt_tensor_info_t *")
         self.check(lib.mt_tensor_info(self.ctx, i, ti))
-        dims = tuple(ti.dim[k] for k in range(ti.ndim))
-        return ffi.string(ti.name).decode(), ti, dims
+        return self._described(ti)
+
+    def param_info(self, k):
+        """(name, mt_tensor_info_t, shape) of trainable parameter k (plan order)."""
+        ti = ffi.new("mt_tensor_info_t *")
+        self.check(lib.mt_param_info(self.ctx, k, ti))
+        return self._described(ti)
+
+    @staticmethod
+    def _view(ti, dims):
+        return np.frombuffer(ffi.buffer(ti.data, ti.bytes), dtype=DTYPES[ti.dtype]).reshape(dims)
 
     def array(self, i):
         """A numpy view of tensor i's current memory."""
-        name, ti, dims = self.info(i)
-        dtype = {F.dtype_code("F32"): np.float32, F.dtype_code("I32"): np.int32,
-                 F.dtype_code("I8"): np.int8, F.dtype_code("U8"): np.uint8}[ti.dtype]
-        buf = ffi.buffer(ti.data, ti.bytes)
-        return np.frombuffer(buf, dtype=dtype).reshape(dims)
+        _, ti, dims = self.tensor_info(i)
+        return self._view(ti, dims)
 
     def ram_view(self):
         """The RAM the core may use, without the guards."""
@@ -82,6 +95,7 @@ class Core:
             raise ValueError("%s has %d elements; the plan needs %d" % (what, a.size, n))
         return a, ffi.cast("const float *", ffi.from_buffer(a))
 
+    # ---- training ----
     def step_label(self, x, label):
         a, p = self.floats(x, lib.mt_input_len(self.ctx), "x")
         loss = ffi.new("float *")
@@ -110,6 +124,83 @@ class Core:
 
     def reset(self):
         self.check(lib.mt_reset(self.ctx))
+
+    # ---- settings and facts ----
+    @property
+    def lr(self):
+        return self.ctx.lr
+
+    @lr.setter
+    def lr(self, value):
+        self.set_lr(value)
+
+    def set_lr(self, value):
+        self.check(lib.mt_set_lr(self.ctx, float(value)))
+
+    @property
+    def steps(self):
+        return self.ctx.steps
+
+    def info(self):
+        """The device's Trainer.info(): byte counts (the runtime context included), counters, settings."""
+        i = ffi.new("mt_info_t *")
+        self.check(lib.mt_info(self.ctx, i))
+        return dict(
+            arena_bytes=i.arena_bytes, naive_bytes=i.naive_bytes, param_bytes=i.state_bytes,
+            context_bytes=i.context_bytes, const_bytes=i.const_bytes, macs_per_step=i.macs, ops=i.n_ops,
+            tensors=i.n_tensors, ram_bytes=i.ram_bytes, plan_bytes=i.plan_bytes, batch=i.batch, lr=i.lr,
+            steps=i.steps, updates=i.updates, rejected=i.rejected, format_version=i.format_version,
+            loss=LOSS_NAMES.get(i.loss_kind))
+
+    # ---- parameters ----
+    def param_index(self, name):
+        try:
+            return self.param_names.index(name)
+        except ValueError:
+            raise KeyError("no trainable parameter named %r; the plan's are %s"
+                           % (name, ", ".join(self.param_names))) from None
+
+    def param(self, name):
+        """A numpy view of a trainable parameter's current values (flat shape as in the plan)."""
+        _, ti, dims = self.param_info(self.param_index(name))
+        return self._view(ti, dims)
+
+    def set_param(self, name, values):
+        """Overwrite one trainable parameter (by name or index) with values of the same size."""
+        self.set_params({name: values})
+
+    def set_params(self, values):
+        """{name or index: values}: every name, size and value is checked before any is written."""
+        checked = []
+        for name, v in values.items():
+            k = name if isinstance(name, int) else self.param_index(name)
+            pname, ti, dims = self.param_info(k)
+            a = np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
+            if a.size != ti.n:
+                raise ValueError("%s has %d values; the parameter has %d (shape %s)" % (pname, a.size, ti.n, dims))
+            p = ffi.cast("const float *", ffi.from_buffer(a))
+            self.check(lib.mt_check_param(self.ctx, k, p, a.size))
+            checked.append((k, a, p))
+        for k, a, p in checked:
+            self.check(lib.mt_set_param(self.ctx, k, p, a.size))
+
+    # ---- checkpoints ----
+    @property
+    def state_len(self):
+        return lib.mt_state_size(self.ctx)
+
+    def save_state(self):
+        """The training state (parameters, optimizer buffers, counters, lr) as a CRC-checked blob."""
+        buf = ffi.new("uint8_t[]", self.state_len)
+        self.check(lib.mt_save_state(self.ctx, buf, len(buf)))
+        return bytes(ffi.buffer(buf))
+
+    def load_state(self, blob):
+        """Resume from save_state()'s blob; a blob of another plan, or a damaged one, changes nothing."""
+        if not isinstance(blob, (bytes, bytearray, memoryview)):
+            raise TypeError("state must be bytes, not %s" % type(blob).__name__)
+        blob = bytes(blob)
+        self.check(lib.mt_load_state(self.ctx, blob, len(blob)))
 
 
 def crc32(data: bytes) -> int:

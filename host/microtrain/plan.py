@@ -15,7 +15,7 @@ import numpy as np
 
 from . import format as F
 from . import planner
-from .native import Core
+from .native import Core, PlanError
 
 OP_NAMES = {op.code: op.name for op in F.OPS}
 PHASE_NAMES = {v: k for k, v in F.PHASES.items()}
@@ -108,17 +108,12 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         else:
             offset = t.offset
         init = t.data_offset if is_param else F.NO_NAME
-        trec += F.TENSOR_STRUCT.pack(F.dtype_code(t.dtype), F.STORAGES[t.storage], len(t.shape), flags, offset,
-                                     t.nbytes, *dims, name_off[i], init, 0xFFFF, 0)
+        trec += F.pack_tensor(dtype=F.dtype_code(t.dtype), storage=F.STORAGES[t.storage], ndim=len(t.shape),
+                              flags=flags, offset=offset, bytes=t.nbytes, dim0=dims[0], dim1=dims[1], dim2=dims[2],
+                              dim3=dims[3], name=name_off[i], init=init, quant=0xFFFF, reserved=0)
     orec = bytearray()
     for op in ops:
-        spec = op.spec
-        slots = [F.NO_TENSOR if s is None else s for s in op.slots]
-        rec = struct.pack("<BBBB", spec.code, F.PHASES[op.phase], len(slots), len(op.attrs))
-        rec += struct.pack("<%dH" % len(slots), *slots)
-        rec += b"\0" * (-len(rec) % 4)
-        rec += struct.pack("<%di" % len(op.attrs), *op.attrs)
-        orec += rec
+        orec += F.pack_op(op.spec.code, F.PHASES[op.phase], op.slots, op.attrs)
     meta_b = json.dumps(meta, separators=(",", ":")).encode()
     sections = {}
     pos = F.HEADER_BYTES
@@ -156,15 +151,16 @@ class Plan:
     """A validated plan. Build with microtrain.compile() or load_plan()."""
 
     def __init__(self, data: bytes):
-        Core(data)            # the C validator decides; raises PlanError (ValueError)
+        _check_kind(data)
+        core = Core(data)     # the C validator decides; raises PlanError (ValueError)
+        self.context_bytes = core.info()["context_bytes"]   # the decoded plan in the device's RAM
         self.data = bytes(data)
         h = F.HEADER_STRUCT.unpack_from(self.data, 0)
         self.header = {name: v for (name, _), v in zip(F.HEADER_FIELDS, h)}
         self.tensors = []
         hd = self.header
         for i in range(hd["n_tensors"]):
-            rec = F.TENSOR_STRUCT.unpack_from(self.data, hd["tensors_off"] + i * F.TENSOR_BYTES)
-            r = {name: v for (name, _), v in zip(F.TENSOR_FIELDS, rec)}
+            r = F.unpack_tensor(self.data, hd["tensors_off"] + i * F.TENSOR_BYTES)
             end = self.data.index(b"\0", hd["names_off"] + r["name"])
             self.tensors.append(dict(
                 name=self.data[hd["names_off"] + r["name"]:end].decode(), dtype=DTYPE_NAMES[r["dtype"]],
@@ -174,13 +170,8 @@ class Plan:
         self.ops = []
         pos = hd["ops_off"]
         for _ in range(hd["n_ops"]):
-            code, phase, nt, na = struct.unpack_from("<BBBB", self.data, pos)
-            slots = struct.unpack_from("<%dH" % nt, self.data, pos + 4)
-            tb = (2 * nt + 3) & ~3
-            attrs = struct.unpack_from("<%di" % na, self.data, pos + 4 + tb)
-            self.ops.append(dict(op=OP_NAMES[code], phase=PHASE_NAMES[phase],
-                                 slots=[None if s == F.NO_TENSOR else s for s in slots], attrs=list(attrs)))
-            pos += 4 + tb + 4 * na
+            code, phase, slots, attrs, pos = F.unpack_op(self.data, pos)
+            self.ops.append(dict(op=OP_NAMES[code], phase=PHASE_NAMES[phase], slots=slots, attrs=attrs))
         m0 = hd["meta_off"]
         self.meta = json.loads(self.data[m0:m0 + hd["meta_bytes"]] or b"{}")
 
@@ -212,6 +203,21 @@ class Plan:
             return i
         return [owner(i) for i in range(len(self.tensors))]
 
+    def constant(self, name):
+        """The value of a constant tensor (a frozen parameter), from the plan's data."""
+        t = self.tensors[self.tensor_index(name)]
+        if t["storage"] != "CONST":
+            raise ValueError("%r is not a constant of the plan" % name)
+        return np.frombuffer(self.data, np.float32, t["bytes"] // 4, self.header["data_off"] + t["offset"]) \
+            .reshape(t["shape"]).copy()
+
+    def export(self, params, onnx_in, onnx_out=None):
+        """Write the ONNX model the plan was compiled from (onnx_in: path, bytes or ModelProto) with
+        `params` ({name: array}, as Simulator.params() returns) in place to onnx_out; returns the
+        ModelProto. BatchNormalization-folded layers are written as the folded Conv/Gemm."""
+        from .export import export_trained
+        return export_trained(self, params, onnx_in, onnx_out)
+
     def params(self):
         """Names of the trainable parameters, in plan order."""
         return [t["name"] for t in self.tensors if t["flags"] & F.TFLAGS["PARAM"]]
@@ -239,7 +245,8 @@ class Plan:
             "naive_bytes": hd["naive_bytes"],
             "peak_live_bytes": peak,
             "param_bytes": hd["state_bytes"],
-            "ram_bytes": hd["arena_bytes"] + hd["state_bytes"],
+            "context_bytes": self.context_bytes,
+            "ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes,
             "const_bytes": hd["const_bytes"],
             "macs_per_step": macs,
             "ops": hd["n_ops"],
@@ -260,6 +267,29 @@ class Plan:
         }
 
 
+def _check_kind(data, where="the plan"):
+    """What the C validator cannot say helpfully: an ONNX model given as a plan, or a plan of
+    another format version."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < 6:
+        return
+    data = bytes(data[:F.HEADER_BYTES]) if data[:4] == F.MAGIC else bytes(data)
+    if data[:4] == F.MAGIC:
+        version = struct.unpack_from("<H", data, F.header_offsets()["version"])[0]
+        if version != F.VERSION:
+            raise PlanError("%s has plan format version %d, this runtime reads %d: recompile the model with this "
+                            "microtrain (microtrain compile MODEL.onnx -o PLAN.mtp)" % (where, version, F.VERSION))
+        return
+    try:
+        import onnx
+        model = onnx.load_from_string(data)
+        is_onnx = model.ir_version > 0 and len(model.graph.node) > 0
+    except Exception:   # not a protobuf at all
+        is_onnx = False
+    if is_onnx:
+        raise PlanError("%s is an ONNX model, not a training plan: compile it first "
+                        "(microtrain compile MODEL.onnx -o PLAN.mtp)" % where)
+
+
 def load_plan(path):
     """Read and validate a plan file."""
     try:
@@ -267,4 +297,5 @@ def load_plan(path):
             data = f.read()
     except OSError as e:
         raise ValueError("cannot read plan %s: %s" % (path, e.strerror)) from e
+    _check_kind(data, str(path))
     return Plan(data)

@@ -102,17 +102,21 @@ class Builder:
         return self.tensor(TTensor(name, tuple(shape), view_of=of))
 
     def sink(self, pname):
-        """(momentum, accumulator) tensors of a trainable parameter, created once."""
+        """The optimizer slots (momentum, accumulator) of a gradient op for a trainable parameter,
+        whose tensors are created once. With batch 1 the gradient op updates the parameter at
+        once, unless several layers share the parameter: their gradients are summed in an
+        accumulator first (as PyTorch sums a tied weight's), and an SGD op at the end of the
+        batch applies them, so a backward-input op never sees a weight the forward did not use."""
         if pname not in self.opt:
             p = self.tensors[self.index[pname]]
             m = acc = None
-            if self.batch > 1:
+            if self.batch > 1 or self.users[pname] > 1:
                 acc = self.tensor(TTensor("acc(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["GRAD_ACC"]))
             if self.momentum > 0:
                 m = self.tensor(TTensor("mom(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["MOMENTUM"]))
             self.opt[pname] = (m, acc)
         m, acc = self.opt[pname]
-        return [m if self.batch == 1 else None, acc]
+        return [m if acc is None else None, acc]
 
     # ---- build ----
     def live_nodes(self):
@@ -136,6 +140,11 @@ class Builder:
 
     def build(self):
         nodes = self.live_nodes()
+        self.users = {}   # trainable parameter -> how many of the layers run use it
+        for n in nodes:
+            for p in (n.weight(), n.bias()):
+                if p in self.trainable:
+                    self.users[p] = self.users.get(p, 0) + 1
         x = self.value_tensor(self.g.input)
         self.tensors[x].flags |= F.TFLAGS["INPUT"]
         for n in nodes:
@@ -161,8 +170,8 @@ class Builder:
         for n in reversed(nodes):
             self.backward(n)
         for pname in sorted(self.opt, key=lambda p: self.index[p]):
-            if self.batch > 1:
-                m, acc = self.opt[pname]
+            m, acc = self.opt[pname]
+            if acc is not None:
                 self.op("SGD", "BATCH_END", [self.index[pname], m, acc], source=pname)
         if self.allow_inplace:
             self.inplace()

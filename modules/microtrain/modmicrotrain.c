@@ -13,13 +13,16 @@
  *     t.lr = 0.01                     # learning rate, read/write
  *     t.reset()                       # parameters back to the plan's initial values
  *
- * Memory: the Trainer keeps a reference to the plan object and the core reads the
- * plan in place (like framebuf keeps its buffer), so do not resize or modify a
- * bytearray plan while its Trainer is alive. A plan that is not 4-byte aligned is
- * copied once. The RAM the core needs (mt_ram_bytes) is allocated once, in the
- * constructor; step() with loss_out and predict() with out allocate nothing as long
- * as x, y and out are 4-byte aligned (array('f') always is; an unaligned buffer is
- * staged through a scratch area that is allocated on first use).
+ * Memory: the Trainer keeps a reference to the plan object and the core reads its
+ * constants in place (like framebuf keeps its buffer); the plan's structure is
+ * decoded once into the RAM block, so a caller who modifies a bytearray plan
+ * afterwards changes numbers at worst, and one who resizes it gets ValueError
+ * (get_ctx checks the buffer on every call). A plan that is not 4-byte aligned is
+ * copied once. The RAM the core needs (mt_ram_bytes: state, arena, runtime
+ * context) is allocated once, in the constructor; step() with loss_out and
+ * predict() with out allocate nothing as long as x, y and out are 4-byte
+ * aligned (array('f') always is; an unaligned buffer is staged through a
+ * scratch area that is allocated on first use).
  *
  * Float buffers are float32 in native byte order: array('f'), or bytes/bytearray
  * (or a memoryview of them) whose length is a multiple of 4.
@@ -53,12 +56,23 @@
 typedef struct _mt_trainer_obj_t {
     mp_obj_base_t base;
     mp_obj_t plan_obj;      /* the caller's plan object when read in place, else None */
+    const void *plan_buf;   /* where its bytes were when the Trainer was made */
+    size_t plan_len;
+    bool plan_writable;     /* the caller can change them: check on every call */
     uint8_t *plan_copy;     /* aligned copy of the plan when the caller's was not aligned */
-    uint8_t *ram;           /* mt_ram_bytes() bytes: state region, then arena */
+    uint8_t *ram;           /* mt_ram_bytes() bytes: state region, arena, runtime context */
     float *scratch;         /* staging for unaligned buffers, allocated on first use */
     uint32_t n_in, n_out, n_target;
     mt_ctx_t ctx;
 } mt_trainer_obj_t;
+
+#if MICROPY_ENABLE_DYNRUNTIME
+#define MT_MEMORY_ERROR ((const mp_obj_type_t *)mp_load_global(MP_QSTR_MemoryError))
+#define mt_malloc_maybe(n) m_realloc_maybe(NULL, (n), false)
+#else
+#define MT_MEMORY_ERROR (&mp_type_MemoryError)
+#define mt_malloc_maybe(n) m_malloc_maybe(n)
+#endif
 
 /* ---- messages -------------------------------------------------------------
  * Exception text is assembled here rather than with mp_raise_msg_varg because
@@ -66,11 +80,17 @@ typedef struct _mt_trainer_obj_t {
 
 typedef struct {
     size_t len;
-    char buf[128];
+    char buf[160];
 } mt_msg_t;
 
 static void msg_str(mt_msg_t *m, const char *s) {
     while (*s != '\0' && m->len < sizeof(m->buf)) {
+        m->buf[m->len++] = *s++;
+    }
+}
+
+static void msg_bytes(mt_msg_t *m, const char *s, size_t n) {
+    while (n-- > 0 && m->len < sizeof(m->buf)) {
         m->buf[m->len++] = *s++;
     }
 }
@@ -100,49 +120,19 @@ static MP_NORETURN void msg_raise(const mp_obj_type_t *type, const mt_msg_t *m) 
     mp_raise_type_arg(type, mp_obj_new_str(m->buf, m->len));
 }
 
-/* Raise ValueError("microtrain: <what the core said> (op N, tensor M 'name')"),
- * the same text as the host's microtrain.native. Tensor names are looked up
- * only once the plan is loaded and attached (named). */
-static MP_NORETURN void mt_raise_at(const mt_ctx_t *ctx, int code, bool named) {
+/* Raise ValueError("microtrain: " + mt_error_text()), the same text as the host's
+ * microtrain.native: the core builds it for both. */
+static MP_NORETURN void mt_raise(const mt_ctx_t *ctx, int code) {
     mt_msg_t m;
     m.len = 0;
     msg_str(&m, "microtrain: ");
-    msg_str(&m, mt_strerror(code));
-    bool have_op = ctx != NULL && ctx->err_op >= 0;
-    bool have_tensor = ctx != NULL && ctx->err_tensor >= 0;
-    if (have_op || have_tensor) {
-        msg_str(&m, " (");
-        if (have_op) {
-            msg_str(&m, "op ");
-            msg_uint(&m, (uint32_t)ctx->err_op);
-        }
-        if (have_tensor) {
-            msg_str(&m, have_op ? ", tensor " : "tensor ");
-            msg_uint(&m, (uint32_t)ctx->err_tensor);
-            mt_tensor_info_t ti;
-            if (named && mt_tensor_info(ctx, (uint32_t)ctx->err_tensor, &ti) == MT_OK
-                && ti.name != NULL && ti.name[0] != '\0') {
-                msg_str(&m, " '");
-                msg_str(&m, ti.name);
-                msg_str(&m, "'");
-            }
-        }
-        msg_str(&m, ")");
-    }
+    m.len += mt_error_text(ctx, code, m.buf + m.len, sizeof(m.buf) - m.len);
     msg_raise(&mp_type_ValueError, &m);
 }
 
-/* For a loaded and attached Trainer. */
 static inline void mt_check(const mt_ctx_t *ctx, int code) {
     if (code != MT_OK) {
-        mt_raise_at(ctx, code, true);
-    }
-}
-
-/* While loading: no tensor names yet. */
-static inline void mt_check_load(const mt_ctx_t *ctx, int code) {
-    if (code != MT_OK) {
-        mt_raise_at(ctx, code, false);
+        mt_raise(ctx, code);
     }
 }
 
@@ -289,6 +279,10 @@ static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_
 
     mt_trainer_obj_t *self = mp_obj_malloc(mt_trainer_obj_t, type);
     self->plan_obj = args[0];
+    self->plan_buf = bi.buf;
+    self->plan_len = bi.len;
+    mp_buffer_info_t wi;
+    self->plan_writable = mp_get_buffer(args[0], &wi, MP_BUFFER_WRITE);
     self->plan_copy = NULL;
     self->ram = NULL;
     self->scratch = NULL;
@@ -306,15 +300,31 @@ static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_
         self->plan_copy = m_new(uint8_t, bi.len > 0 ? bi.len : 1);
         memcpy(self->plan_copy, bi.buf, bi.len);
         self->plan_obj = mp_const_none;
+        self->plan_writable = false;
         ctx->err_op = -1;
         ctx->err_tensor = -1;
         rc = mt_load(ctx, self->plan_copy, bi.len);
     }
-    mt_check_load(ctx, rc);
+    mt_check(ctx, rc);
 
+    /* Everything the run needs, in one block allocated once: state, arena, runtime context. */
     uint32_t ram_bytes = mt_ram_bytes(ctx);
-    self->ram = m_new(uint8_t, ram_bytes > 0 ? ram_bytes : 1);
-    mt_check_load(ctx, mt_attach(ctx, self->ram, ram_bytes));
+    self->ram = mt_malloc_maybe(ram_bytes > 0 ? ram_bytes : 1);
+    if (self->ram == NULL) {
+        mt_msg_t m;
+        m.len = 0;
+        msg_str(&m, "microtrain: the plan needs ");
+        msg_uint(&m, ram_bytes);
+        msg_str(&m, " bytes of RAM in one block (arena ");
+        msg_uint(&m, ctx->arena_bytes);
+        msg_str(&m, ", parameters and optimizer state ");
+        msg_uint(&m, ctx->state_bytes);
+        msg_str(&m, ", context ");
+        msg_uint(&m, ctx->context_bytes);
+        msg_str(&m, "); free memory (gc.collect()) or train fewer layers");
+        msg_raise(MT_MEMORY_ERROR, &m);
+    }
+    mt_check(ctx, mt_attach(ctx, self->ram, ram_bytes));
 
     self->n_in = mt_input_len(ctx);
     self->n_out = mt_output_len(ctx);
@@ -322,11 +332,28 @@ static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_
     return MP_OBJ_FROM_PTR(self);
 }
 
+/* The core reads the plan's constants, initial values and names in place (its
+ * structure was decoded into RAM when the Trainer was made). A caller may have
+ * resized or replaced a writable plan buffer since: then its bytes are not where
+ * they were, and using them would read freed memory. Every call that reaches the
+ * plan checks first. */
+static mt_ctx_t *get_ctx(mt_trainer_obj_t *self) {
+    if (self->plan_writable) {
+        mp_buffer_info_t bi;
+        if (!mp_get_buffer(self->plan_obj, &bi, MP_BUFFER_READ) || bi.buf != self->plan_buf
+            || bi.len != self->plan_len) {
+            mp_raise_ValueError(MP_ERROR_TEXT("microtrain: the plan buffer was resized or moved after Trainer() "
+                "read it; keep it unchanged while the Trainer is used, or make a new Trainer"));
+        }
+    }
+    return &self->ctx;
+}
+
 /* step(x, y[, loss_out]): one training sample. Returns the loss, or writes it to
  * loss_out[0] and returns None (that path allocates nothing). */
 static mp_obj_t trainer_step(size_t n_args, const mp_obj_t *args) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(args[0]);
-    mt_ctx_t *ctx = &self->ctx;
+    mt_ctx_t *ctx = get_ctx(self);
     mp_obj_t y_in = args[2];
 
     /* Check every argument before training so a bad one changes nothing. */
@@ -387,7 +414,7 @@ static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(trainer_step_obj, 3, 4, trainer_step)
  * returns None (allocates nothing); without out, returns a new array('f'). */
 static mp_obj_t trainer_predict(size_t n_args, const mp_obj_t *args) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(args[0]);
-    mt_ctx_t *ctx = &self->ctx;
+    mt_ctx_t *ctx = get_ctx(self);
     mp_obj_t ret = mp_const_none;
     float *out;
     void *user_out = NULL;
@@ -419,78 +446,161 @@ static mp_obj_t trainer_predict(size_t n_args, const mp_obj_t *args) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(trainer_predict_obj, 2, 3, trainer_predict);
 
-/* params(): {name: array} copies of every trainable parameter. */
+/* The name of parameter k as a str ("param_<k>" when the plan has none). */
+static mp_obj_t param_name(const mt_tensor_info_t *ti, uint32_t k) {
+    if (ti->name_len > 0) {
+        return mp_obj_new_str(ti->name, ti->name_len);
+    }
+    mt_msg_t m;
+    m.len = 0;
+    msg_str(&m, "param_");
+    msg_uint(&m, k);
+    return mp_obj_new_str(m.buf, m.len);
+}
+
+/* params(): {name: array('f')} copies of every trainable parameter. */
 static mp_obj_t trainer_params(mp_obj_t self_in) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
-    mt_ctx_t *ctx = &self->ctx;
-    mp_obj_t dict = mp_obj_new_dict(0);
-    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+    mt_ctx_t *ctx = get_ctx(self);
+    uint32_t n = mt_param_count(ctx);
+    mp_obj_t dict = mp_obj_new_dict(n);
+    for (uint32_t k = 0; k < n; k++) {
         mt_tensor_info_t ti;
-        mt_check(ctx, mt_tensor_info(ctx, i, &ti));
-        if (!(ti.flags & MT_TFLAG_PARAM)) {
-            continue;
-        }
-        char typecode;
-        size_t size;
-        switch (ti.dtype) {
-            case MT_DTYPE_F32:
-                typecode = 'f';
-                size = 4;
-                break;
-            case MT_DTYPE_I32:
-                typecode = sizeof(int) == 4 ? 'i' : 'l';
-                size = 4;
-                break;
-            case MT_DTYPE_I8:
-                typecode = 'b';
-                size = 1;
-                break;
-            default:
-                typecode = 'B';
-                size = 1;
-                break;
-        }
-        mp_obj_t key;
-        if (ti.name != NULL && ti.name[0] != '\0') {
-            key = mp_obj_new_str(ti.name, strlen(ti.name));
-        } else {
-            mt_msg_t m;
-            m.len = 0;
-            msg_str(&m, "tensor_");
-            msg_uint(&m, i);
-            key = mp_obj_new_str(m.buf, m.len);
-        }
-        size_t n = ti.bytes / size;
+        mt_check(ctx, mt_param_info(ctx, k, &ti));
         void *items;
-        mp_obj_t value = new_array(typecode, size, ti.data, ti.data != NULL ? n : 0, &items);
-        mp_obj_dict_store(dict, key, value);
+        mp_obj_t value = new_array('f', sizeof(float), ti.data, ti.n, &items);
+        mp_obj_dict_store(dict, param_name(&ti, k), value);
     }
     return dict;
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(trainer_params_obj, trainer_params);
 
+/* set_params({name: float32 buffer}): overwrite some or all trainable
+ * parameters. Every name, length and value is checked before any is written. */
+static mp_obj_t trainer_set_params(mp_obj_t self_in, mp_obj_t values) {
+    mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
+    mt_ctx_t *ctx = get_ctx(self);
+    /* the keys as a list: list(values) works for any mapping, in both builds */
+    mp_obj_t keys = mp_call_function_n_kw(mp_load_global(MP_QSTR_list), 1, 0, &values);
+    size_t n_keys = mp_obj_get_int(mp_obj_len(keys));
+    for (int pass = 0; pass < 2; pass++) {   /* 0: check everything, 1: write */
+        for (size_t i = 0; i < n_keys; i++) {
+            mp_obj_t key = mp_obj_subscr(keys, MP_OBJ_NEW_SMALL_INT(i), MP_OBJ_SENTINEL);
+            if (!mp_obj_is_str(key)) {
+                mp_raise_TypeError(MP_ERROR_TEXT("set_params takes {parameter name (str): float32 buffer}"));
+            }
+            size_t key_len;
+            const char *key_s = mp_obj_str_get_data(key, &key_len);
+            uint32_t k, n_params = mt_param_count(ctx);
+            mt_tensor_info_t ti;
+            for (k = 0; k < n_params; k++) {
+                mt_check(ctx, mt_param_info(ctx, k, &ti));
+                if (ti.name_len == key_len && memcmp(ti.name, key_s, key_len) == 0) {
+                    break;
+                }
+            }
+            mt_msg_t m;
+            m.len = 0;
+            if (k == n_params) {
+                msg_str(&m, "microtrain: no trainable parameter named '");
+                msg_bytes(&m, key_s, key_len);
+                msg_str(&m, "' (params() lists them)");
+                msg_raise(&mp_type_ValueError, &m);
+            }
+            mp_buffer_info_t bi;
+            msg_bytes(&m, key_s, key_len);
+            m.buf[m.len < sizeof(m.buf) ? m.len : sizeof(m.buf) - 1] = '\0';
+            size_t n = get_f32(mp_obj_subscr(values, key, MP_OBJ_SENTINEL), &bi, MP_BUFFER_READ, m.buf);
+            if (n != ti.n) {
+                raise_len(m.buf, n, "parameter", ti.n);
+            }
+            mt_check(ctx, pass == 0 ? mt_check_param(ctx, k, (const float *)bi.buf, n)
+                                    : mt_set_param(ctx, k, (const float *)bi.buf, n));
+        }
+    }
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_2(trainer_set_params_obj, trainer_set_params);
+
+/* save_state([buf]): the training state as bytes, or written into buf (at least
+ * state_len bytes; returns None and allocates nothing). */
+static mp_obj_t trainer_save_state(size_t n_args, const mp_obj_t *args) {
+    mt_trainer_obj_t *self = MP_OBJ_TO_PTR(args[0]);
+    mt_ctx_t *ctx = get_ctx(self);
+    uint32_t n = mt_state_size(ctx);
+    if (n_args > 1 && args[1] != mp_const_none) {
+        mp_buffer_info_t bi;
+        if (mp_obj_is_str(args[1]) || !mp_get_buffer(args[1], &bi, MP_BUFFER_WRITE)) {
+            mp_raise_TypeError(MP_ERROR_TEXT("save_state(buf): buf must be a writable buffer such as a bytearray"));
+        }
+        if (bi.len < n) {
+            mt_msg_t m;
+            m.len = 0;
+            msg_str(&m, "buf has ");
+            msg_uint(&m, (uint32_t)bi.len);
+            msg_str(&m, " bytes, the state needs ");
+            msg_uint(&m, n);
+            msg_str(&m, " (state_len)");
+            msg_raise(&mp_type_ValueError, &m);
+        }
+        mt_check(ctx, mt_save_state(ctx, bi.buf, n));
+        return mp_const_none;
+    }
+    #if MICROPY_ENABLE_DYNRUNTIME
+    uint8_t *tmp = m_new(uint8_t, n);
+    mt_check(ctx, mt_save_state(ctx, tmp, n));
+    mp_obj_t b = mp_obj_new_bytes(tmp, n);
+    m_free(tmp);
+    return b;
+    #else
+    vstr_t vstr;
+    vstr_init_len(&vstr, n);
+    mt_check(ctx, mt_save_state(ctx, vstr.buf, n));
+    return mp_obj_new_bytes_from_vstr(&vstr);
+    #endif
+}
+static MP_DEFINE_CONST_FUN_OBJ_VAR_BETWEEN(trainer_save_state_obj, 1, 2, trainer_save_state);
+
+/* load_state(buf): resume from save_state()'s bytes. A blob of another plan, a
+ * truncated or a corrupted one raises ValueError and changes nothing. */
+static mp_obj_t trainer_load_state(mp_obj_t self_in, mp_obj_t blob) {
+    mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
+    mt_ctx_t *ctx = get_ctx(self);
+    mp_buffer_info_t bi;
+    if (mp_obj_is_str(blob) || !mp_get_buffer(blob, &bi, MP_BUFFER_READ)) {
+        mp_raise_TypeError(MP_ERROR_TEXT("load_state(buf): buf must be bytes, bytearray or memoryview"));
+    }
+    mt_check(ctx, mt_load_state(ctx, bi.buf, bi.len));
+    return mp_const_none;
+}
+static MP_DEFINE_CONST_FUN_OBJ_2(trainer_load_state_obj, trainer_load_state);
+
 /* info(): what the plan needs and what the run has done. */
 static mp_obj_t trainer_info(mp_obj_t self_in) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
-    const mt_ctx_t *ctx = &self->ctx;
-    mp_obj_t d = mp_obj_new_dict(14);
+    mt_info_t in;
+    mt_check(&self->ctx, mt_info(&self->ctx, &in));
+    mp_obj_t d = mp_obj_new_dict(17);
     /* qstrs spelled out in full: the native .mpy build finds them by name */
     #define MT_STORE(q, value) mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(q), (value))
-    MT_STORE(MP_QSTR_arena_bytes, new_uint(ctx->arena_bytes));
-    MT_STORE(MP_QSTR_naive_bytes, new_uint(ctx->naive_bytes));
-    MT_STORE(MP_QSTR_param_bytes, new_uint(ctx->state_bytes));
-    MT_STORE(MP_QSTR_const_bytes, new_uint(ctx->const_bytes));
-    MT_STORE(MP_QSTR_macs_per_step, new_uint(ctx->macs));
-    MT_STORE(MP_QSTR_ops, new_uint(ctx->n_ops));
-    MT_STORE(MP_QSTR_tensors, new_uint(ctx->n_tensors));
-    MT_STORE(MP_QSTR_ram_bytes, new_uint(mt_ram_bytes(ctx)));
-    MT_STORE(MP_QSTR_plan_bytes, new_uint(ctx->plan_bytes));
-    MT_STORE(MP_QSTR_batch, new_uint(ctx->batch));
-    MT_STORE(MP_QSTR_lr, mp_obj_new_float_from_f(ctx->lr));
-    MT_STORE(MP_QSTR_steps, new_uint(ctx->steps));
-    MT_STORE(MP_QSTR_updates, new_uint(ctx->updates));
-    const char *loss = ctx->loss_kind == MT_LOSS_CROSS_ENTROPY ? "cross-entropy"
-        : ctx->loss_kind == MT_LOSS_MSE ? "mse" : NULL;
+    MT_STORE(MP_QSTR_arena_bytes, new_uint(in.arena_bytes));
+    MT_STORE(MP_QSTR_naive_bytes, new_uint(in.naive_bytes));
+    MT_STORE(MP_QSTR_param_bytes, new_uint(in.state_bytes));
+    MT_STORE(MP_QSTR_context_bytes, new_uint(in.context_bytes));
+    MT_STORE(MP_QSTR_const_bytes, new_uint(in.const_bytes));
+    MT_STORE(MP_QSTR_macs_per_step, new_uint(in.macs));
+    MT_STORE(MP_QSTR_ops, new_uint(in.n_ops));
+    MT_STORE(MP_QSTR_tensors, new_uint(in.n_tensors));
+    MT_STORE(MP_QSTR_ram_bytes, new_uint(in.ram_bytes));
+    MT_STORE(MP_QSTR_plan_bytes, new_uint(in.plan_bytes));
+    MT_STORE(MP_QSTR_batch, new_uint(in.batch));
+    MT_STORE(MP_QSTR_lr, mp_obj_new_float_from_f(in.lr));
+    MT_STORE(MP_QSTR_steps, new_uint(in.steps));
+    MT_STORE(MP_QSTR_updates, new_uint(in.updates));
+    MT_STORE(MP_QSTR_rejected, new_uint(in.rejected));
+    MT_STORE(MP_QSTR_format_version, new_uint(in.format_version));
+    const char *loss = in.loss_kind == MT_LOSS_CROSS_ENTROPY ? "cross-entropy"
+        : in.loss_kind == MT_LOSS_MSE ? "mse" : NULL;
     MT_STORE(MP_QSTR_loss, loss != NULL ? mp_obj_new_str(loss, strlen(loss)) : mp_const_none);
     #undef MT_STORE
     return d;
@@ -500,12 +610,13 @@ static MP_DEFINE_CONST_FUN_OBJ_1(trainer_info_obj, trainer_info);
 /* reset(): parameters back to the plan's initial values, counters to zero. */
 static mp_obj_t trainer_reset(mp_obj_t self_in) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
-    mt_check(&self->ctx, mt_reset(&self->ctx));
+    mt_ctx_t *ctx = get_ctx(self);
+    mt_check(ctx, mt_reset(ctx));
     return mp_const_none;
 }
 static MP_DEFINE_CONST_FUN_OBJ_1(trainer_reset_obj, trainer_reset);
 
-/* Attributes: lr (read/write), input_len, output_len, target_len (read-only). */
+/* Attributes: lr (read/write), input_len, output_len, target_len, state_len (read-only). */
 static void trainer_attr(mp_obj_t self_in, qstr attr, mp_obj_t *dest) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
     if (dest[0] == MP_OBJ_NULL) {
@@ -518,16 +629,14 @@ static void trainer_attr(mp_obj_t self_in, qstr attr, mp_obj_t *dest) {
             dest[0] = mp_obj_new_int_from_uint(self->n_out);
         } else if (attr == MP_QSTR_target_len) {
             dest[0] = mp_obj_new_int_from_uint(self->n_target);
+        } else if (attr == MP_QSTR_state_len) {
+            dest[0] = mp_obj_new_int_from_uint(mt_state_size(&self->ctx));
         } else {
             dest[1] = MP_OBJ_SENTINEL; /* continue lookup in locals_dict */
         }
     } else if (dest[1] != MP_OBJ_NULL && attr == MP_QSTR_lr) {
         /* store */
-        float lr = mp_obj_get_float_to_f(dest[1]);
-        if (!(lr - lr == 0.0f) || lr < 0.0f) {
-            mp_raise_ValueError(MP_ERROR_TEXT("lr must be a finite number >= 0"));
-        }
-        self->ctx.lr = lr;
+        mt_check(&self->ctx, mt_set_lr(&self->ctx, mp_obj_get_float_to_f(dest[1])));
         dest[0] = MP_OBJ_NULL; /* success */
     }
 }
@@ -540,6 +649,9 @@ static const mp_rom_map_elem_t trainer_locals_dict_table[] = {
     { MP_ROM_QSTR(MP_QSTR_params), MP_ROM_PTR(&trainer_params_obj) },
     { MP_ROM_QSTR(MP_QSTR_info), MP_ROM_PTR(&trainer_info_obj) },
     { MP_ROM_QSTR(MP_QSTR_reset), MP_ROM_PTR(&trainer_reset_obj) },
+    { MP_ROM_QSTR(MP_QSTR_set_params), MP_ROM_PTR(&trainer_set_params_obj) },
+    { MP_ROM_QSTR(MP_QSTR_save_state), MP_ROM_PTR(&trainer_save_state_obj) },
+    { MP_ROM_QSTR(MP_QSTR_load_state), MP_ROM_PTR(&trainer_load_state_obj) },
 };
 static MP_DEFINE_CONST_DICT(trainer_locals_dict, trainer_locals_dict_table);
 
@@ -603,7 +715,7 @@ MT_NO_LIBCALLS size_t strlen(const char *s) {
 }
 
 mp_obj_full_type_t mt_type_trainer;
-mp_map_elem_t trainer_locals_dict_table[5];
+mp_map_elem_t trainer_locals_dict_table[8];
 static MP_DEFINE_CONST_DICT(trainer_locals_dict, trainer_locals_dict_table);
 
 mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
@@ -619,6 +731,9 @@ mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *a
     trainer_locals_dict_table[2] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_params), MP_OBJ_FROM_PTR(&trainer_params_obj) };
     trainer_locals_dict_table[3] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_info), MP_OBJ_FROM_PTR(&trainer_info_obj) };
     trainer_locals_dict_table[4] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_reset), MP_OBJ_FROM_PTR(&trainer_reset_obj) };
+    trainer_locals_dict_table[5] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_set_params), MP_OBJ_FROM_PTR(&trainer_set_params_obj) };
+    trainer_locals_dict_table[6] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_save_state), MP_OBJ_FROM_PTR(&trainer_save_state_obj) };
+    trainer_locals_dict_table[7] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_load_state), MP_OBJ_FROM_PTR(&trainer_load_state_obj) };
     MP_OBJ_TYPE_SET_SLOT(&mt_type_trainer, locals_dict, (void *)&trainer_locals_dict, 2);
 
     mp_store_global(MP_QSTR_Trainer, MP_OBJ_FROM_PTR(&mt_type_trainer));

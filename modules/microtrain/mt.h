@@ -1,18 +1,28 @@
-/* microtrain core: load a .mtp training plan and run it in caller-owned memory.
+/* microtrain core: the public API. Load a .mtp training plan and run it in
+ * caller-owned memory.
  *
  * Portable C99. No malloc, no mutable static data: all state lives in mt_ctx_t
  * and in the RAM buffer the caller attaches. The core knows nothing of
- * MicroPython or CPython; bindings sit on top of this header.
+ * MicroPython or CPython; the MicroPython binding and the host's cffi module
+ * use this header and nothing else (the cffi declarations are generated from
+ * the part between the cdef markers). mt_core.h is the core's private header.
  *
  * Use:
  *     mt_ctx_t ctx;
  *     if (mt_load(&ctx, plan, plan_len) != MT_OK) ...   // validates every field
  *     ram = <mt_ram_bytes(&ctx) bytes, 8-byte aligned>;
- *     if (mt_attach(&ctx, ram, len) != MT_OK) ...      // copies initial parameters
+ *     if (mt_attach(&ctx, ram, len) != MT_OK) ...      // decodes the plan, copies initial parameters
  *     mt_step_label(&ctx, x, n, label, &loss);          // forward, loss, backward, update
  *     mt_predict(&ctx, x, n, out, n_out);
- * The plan bytes must stay valid while ctx is used: constants are read in place,
- * so a plan may live in flash.
+ * Errors are MT_E_* codes; mt_error_text() turns one into the message users see.
+ *
+ * What the core reads from the plan after mt_attach: the constants and the
+ * initial parameter values (read in place, so a plan may live in flash; mt_reset
+ * copies the initial values again) and, for messages and mt_param_info, the
+ * names section, always within its bounds. The header, tensor table and op list
+ * are decoded into the runtime context at the end of the RAM and never read
+ * again. So the plan bytes must stay where they are while ctx is used; a
+ * binding that lets its caller change them must check that they did not move.
  */
 #ifndef MT_H
 #define MT_H
@@ -21,60 +31,71 @@
 #include <stdint.h>
 #include "mt_format.h"
 
-typedef struct {
-    uint8_t n_slots;
-    uint8_t n_attrs;
-    uint8_t slot[MT_MAX_SLOTS];   /* MT_SLOT(role, dtype, optional) */
-    uint8_t inplace[4];           /* up to two (out slot, in slot) pairs, 255 = none */
-} mt_opspec_t;
+/* cdef-begin: _build_native.py hands the text from here to cdef-end to cffi,
+ * with MT_* integer constants replaced by their values. */
 
-/* Everything the core knows about a loaded plan and a run. */
+/* Everything the core knows about a loaded plan and a run. The binding holds one;
+ * its fields are the core's: read them through the functions below. */
 typedef struct {
-    const uint8_t *plan;
-    uint32_t plan_bytes;
-    const uint8_t *tensors;       /* tensor table */
-    const uint8_t *ops;           /* op list */
-    const uint8_t *data;          /* constants and initial parameter values */
+    /* the plan, set by mt_load */
+    const uint8_t *plan;          /* NULL until a plan is loaded */
+    const uint8_t *tensors;       /* tensor table: read by mt_load, mt_attach and mt_tensor_info */
+    const uint8_t *ops;           /* op list: read by mt_load and mt_attach */
+    const uint8_t *data;          /* constants and initial parameter values, read in place */
     const uint8_t *names;
+    uint32_t plan_bytes, plan_crc;
     uint32_t n_tensors, n_ops, ops_bytes, data_bytes, names_bytes;
-    uint32_t n_train_ops;         /* ops past the forward phase; 0 for an inference-only plan */
-    uint32_t arena_bytes, state_bytes, naive_bytes, const_bytes;
+    uint32_t arena_bytes, state_bytes, naive_bytes, const_bytes, context_bytes;
     uint64_t macs;
     uint16_t input, target, output, batch;
+    uint16_t plan_version;        /* what the plan says, also when it is not MT_VERSION */
     uint8_t loss_kind;
+    uint8_t reserved;
     float lr, momentum, weight_decay;
-    uint8_t *ram;                 /* NULL until mt_attach: state region, then arena */
-    uint32_t steps;               /* samples trained since attach or reset */
+    uint32_t n_params, n_train_ops;
+    /* the run, set by mt_attach */
+    uint8_t *ram;                 /* NULL until mt_attach: state region, arena, runtime context */
+    uintptr_t base[4];            /* where tensor references point (mt_core.h) */
+    uint32_t in_ref, target_ref, out_ref, n_in, n_target, n_out;
+    uint32_t phase_at[3];         /* where each phase's records start in the context (bytes) */
+    uint32_t phase_op[3];         /* the index of each phase's first op */
+    uint32_t params_at;           /* where the parameter table starts: the end of the op records */
+    uint32_t steps;               /* samples trained since attach or reset (wraps at 2^32) */
     uint32_t updates;             /* parameter updates applied */
+    uint32_t in_batch;            /* samples since the last update, < batch */
+    uint32_t rejected;            /* steps refused because the loss was not finite */
     float loss;                   /* loss of the last step */
     int32_t err_op;               /* where the last error was found, -1 if nowhere in particular */
     int32_t err_tensor;
 } mt_ctx_t;
 
-/* A decoded tensor: what kernels see. */
-typedef struct {
-    void *data;                   /* NULL for an absent optional slot */
-    uint32_t n;                   /* elements */
-    uint32_t dim[MT_MAX_DIMS];    /* unused dims are 1 */
-    uint8_t ndim, dtype, storage, flags;
-} mt_tensor_t;
-
-/* A decoded op: its tensors and attributes. */
-typedef struct {
-    uint8_t code, phase, n_t, n_a;
-    uint16_t tid[MT_MAX_SLOTS];
-    mt_tensor_t t[MT_MAX_SLOTS];
-    int32_t a[MT_MAX_ATTRS];
-} mt_op_t;
-
-/* Facts about one tensor, for bindings (params(), debugging). */
+/* Facts about one tensor or parameter. The name is not NUL-terminated:
+ * use name_len bytes. */
 typedef struct {
     const char *name;             /* "" if unnamed */
-    void *data;                   /* NULL for arena tensors before mt_attach */
+    uint32_t name_len;
+    void *data;                   /* NULL for arena and state tensors before mt_attach */
     uint32_t bytes, n;
-    uint32_t dim[MT_MAX_DIMS];
+    uint32_t dim[MT_MAX_DIMS];    /* unused dims are 1 */
     uint8_t ndim, dtype, storage, flags;
 } mt_tensor_info_t;
+
+/* What a plan needs and what the run has done (mt_info). */
+typedef struct {
+    uint32_t plan_bytes;
+    uint32_t arena_bytes;         /* planned transient region */
+    uint32_t state_bytes;         /* parameters and optimizer state */
+    uint32_t context_bytes;       /* the decoded plan: ops, geometry, parameter table */
+    uint32_t ram_bytes;           /* the three together: what mt_attach needs */
+    uint32_t naive_bytes, const_bytes;
+    uint64_t macs;                /* multiply-accumulates of one training step */
+    uint32_t n_tensors, n_ops, n_params, n_train_ops;
+    uint32_t state_size;          /* bytes of an mt_save_state blob */
+    uint32_t steps, updates, in_batch, rejected;
+    float loss, lr, momentum, weight_decay;
+    uint16_t batch, format_version;
+    uint8_t loss_kind;
+} mt_info_t;
 
 /* Loading and memory */
 int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes);
@@ -90,25 +111,41 @@ uint32_t mt_input_len(const mt_ctx_t *ctx);
 uint32_t mt_output_len(const mt_ctx_t *ctx);
 uint32_t mt_target_len(const mt_ctx_t *ctx);   /* 1 (a label) for cross-entropy */
 
-/* Running single ops, for tests and tracing: the step is these in order. */
-int mt_set_input(mt_ctx_t *ctx, const float *x, size_t n_x);
-int mt_run_op(mt_ctx_t *ctx, uint32_t index);
+/* Settings and facts */
+int mt_set_lr(mt_ctx_t *ctx, float lr);
+int mt_info(const mt_ctx_t *ctx, mt_info_t *info);
 
-/* Introspection */
-int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info);
-int mt_op_decode(const mt_ctx_t *ctx, uint32_t index, mt_op_t *op);
+/* Errors: mt_error_text writes "message (op N, tensor M 'name')" into buf (always
+ * NUL-terminated when n > 0) and returns its length. */
+size_t mt_error_text(const mt_ctx_t *ctx, int code, char *buf, size_t n);
 const char *mt_strerror(int code);
 
-/* Internal, shared between core files */
+/* Trainable parameters, k in [0, mt_param_count) in plan order. mt_set_param
+ * takes n float32 values (any alignment) and refuses non-finite ones;
+ * mt_check_param makes the same checks without writing, so that a caller can
+ * check several before it sets any. */
+uint32_t mt_param_count(const mt_ctx_t *ctx);
+int mt_param_info(const mt_ctx_t *ctx, uint32_t k, mt_tensor_info_t *info);
+int mt_check_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n);
+int mt_set_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n);
+
+/* Checkpoints: the counters, lr and the whole state region in one CRC-checked
+ * blob of mt_state_size() bytes. mt_load_state checks everything before it
+ * changes anything; training then continues bit for bit. */
+uint32_t mt_state_size(const mt_ctx_t *ctx);
+int mt_save_state(const mt_ctx_t *ctx, void *buf, size_t n);
+int mt_load_state(mt_ctx_t *ctx, const void *buf, size_t n);
+
+/* Running single ops, for tests and tracing: a step is the ops in order. */
+int mt_set_input(mt_ctx_t *ctx, const float *x, size_t n_x);
+int mt_run_op(mt_ctx_t *ctx, uint32_t index);
+int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info);
+
+/* Utilities: CRC-32 (as zlib.crc32), and the core's own exp and log */
 uint32_t mt_crc32(const uint8_t *p, size_t n);
-uint32_t mt_rd_u32(const uint8_t *p);
-uint16_t mt_rd_u16(const uint8_t *p);
-float mt_f32_from_bits(int32_t bits);
 float mt_expf(float x);
 float mt_logf(float x);
-int mt_op_check(const mt_ctx_t *ctx, const mt_op_t *op);
-void mt_tensor_decode(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t);
-int mt_decode_at(const mt_ctx_t *ctx, uint32_t pos, mt_op_t *op, uint32_t *next);
-int mt_op_run(mt_ctx_t *ctx, const mt_op_t *op);
+
+/* cdef-end */
 
 #endif /* MT_H */

@@ -1,33 +1,127 @@
 /* microtrain core: element-wise ops. Each may run in place (output == input). */
-#include "mt_kernels.h"
+#include "mt_core.h"
 
-/* Relu is Clip(0, +inf); ReLU6 is Clip(0, 6). */
-void mt_k_clip(const mt_op_t *op) {
-    const float lo = mt_f32_from_bits(op->a[MT_CLIP_A_LO_BITS]), hi = mt_f32_from_bits(op->a[MT_CLIP_A_HI_BITS]);
-    const float *x = op->t[MT_CLIP_X].data;
-    float *y = op->t[MT_CLIP_Y].data;
-    for (uint32_t i = 0; i < op->t[MT_CLIP_Y].n; i++) {
+/* ---- CLIP: Relu is Clip(0, +inf); ReLU6 is Clip(0, 6) ---- */
+
+typedef struct {
+    mt_rec_t h;
+    uint32_t x, y, n;
+    float lo, hi;
+} clip_rec_t;
+
+/* lo <= hi is false for NaN bounds too */
+static int clip_bounds_ok(const mt_op_t *op) {
+    return mt_f32_from_bits(op->a[MT_CLIP_A_LO_BITS]) <= mt_f32_from_bits(op->a[MT_CLIP_A_HI_BITS]);
+}
+
+static int clip_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    (void)ctx;
+    return clip_bounds_ok(op) && op->t[MT_CLIP_X].n == op->t[MT_CLIP_Y].n ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t clip_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    clip_rec_t *r = rec;
+    (void)ctx;
+    if (r != NULL) {
+        r->x = op->t[MT_CLIP_X].ref;
+        r->y = op->t[MT_CLIP_Y].ref;
+        r->n = op->t[MT_CLIP_Y].n;
+        r->lo = mt_f32_from_bits(op->a[MT_CLIP_A_LO_BITS]);
+        r->hi = mt_f32_from_bits(op->a[MT_CLIP_A_HI_BITS]);
+    }
+    return sizeof(clip_rec_t);
+}
+
+static int clip_run(mt_ctx_t *ctx, const void *rec) {
+    const clip_rec_t *r = rec;
+    const float lo = r->lo, hi = r->hi;
+    const float *x = MT_F32(ctx, r->x);
+    float *y = MT_F32(ctx, r->y);
+    for (uint32_t i = 0; i < r->n; i++) {
         float v = x[i];
         y[i] = v < lo ? lo : (v > hi ? hi : v);
     }
+    return MT_OK;
 }
 
-/* The gradient passes where the output lies strictly inside (lo, hi); the
- * output alone decides, so the forward may overwrite its input. */
-void mt_k_clip_bwd(const mt_op_t *op) {
-    const float lo = mt_f32_from_bits(op->a[MT_CLIP_BWD_A_LO_BITS]);
-    const float hi = mt_f32_from_bits(op->a[MT_CLIP_BWD_A_HI_BITS]);
-    const float *y = op->t[MT_CLIP_BWD_Y].data, *dy = op->t[MT_CLIP_BWD_DY].data;
-    float *dx = op->t[MT_CLIP_BWD_DX].data;
-    for (uint32_t i = 0; i < op->t[MT_CLIP_BWD_DX].n; i++) {
+const mt_opdef_t mt_op_CLIP = {clip_check, clip_prepare, clip_run};
+
+/* ---- CLIP_BWD: the gradient passes where the output lies strictly inside
+ * (lo, hi); the output alone decides, so the forward may overwrite its input ---- */
+
+typedef struct {
+    mt_rec_t h;
+    uint32_t y, dy, dx, n;
+    float lo, hi;
+} clip_bwd_rec_t;
+
+static int clip_bwd_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *t = op->t;
+    (void)ctx;
+    return clip_bounds_ok(op) && t[MT_CLIP_BWD_Y].n == t[MT_CLIP_BWD_DY].n && t[MT_CLIP_BWD_DY].n == t[MT_CLIP_BWD_DX].n
+           ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t clip_bwd_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    clip_bwd_rec_t *r = rec;
+    (void)ctx;
+    if (r != NULL) {
+        r->y = op->t[MT_CLIP_BWD_Y].ref;
+        r->dy = op->t[MT_CLIP_BWD_DY].ref;
+        r->dx = op->t[MT_CLIP_BWD_DX].ref;
+        r->n = op->t[MT_CLIP_BWD_DX].n;
+        r->lo = mt_f32_from_bits(op->a[MT_CLIP_BWD_A_LO_BITS]);
+        r->hi = mt_f32_from_bits(op->a[MT_CLIP_BWD_A_HI_BITS]);
+    }
+    return sizeof(clip_bwd_rec_t);
+}
+
+static int clip_bwd_run(mt_ctx_t *ctx, const void *rec) {
+    const clip_bwd_rec_t *r = rec;
+    const float lo = r->lo, hi = r->hi;
+    const float *y = MT_F32(ctx, r->y), *dy = MT_F32(ctx, r->dy);
+    float *dx = MT_F32(ctx, r->dx);
+    for (uint32_t i = 0; i < r->n; i++) {
         dx[i] = (y[i] > lo && y[i] < hi) ? dy[i] : 0.0f;
     }
+    return MT_OK;
 }
 
-void mt_k_add(const mt_op_t *op) {
-    const float *a = op->t[MT_ADD_A].data, *b = op->t[MT_ADD_B].data;
-    float *y = op->t[MT_ADD_Y].data;
-    for (uint32_t i = 0; i < op->t[MT_ADD_Y].n; i++) {
+const mt_opdef_t mt_op_CLIP_BWD = {clip_bwd_check, clip_bwd_prepare, clip_bwd_run};
+
+/* ---- ADD ---- */
+
+typedef struct {
+    mt_rec_t h;
+    uint32_t a, b, y, n;
+} add_rec_t;
+
+static int add_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *t = op->t;
+    (void)ctx;
+    return t[MT_ADD_A].n == t[MT_ADD_B].n && t[MT_ADD_B].n == t[MT_ADD_Y].n ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t add_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    add_rec_t *r = rec;
+    (void)ctx;
+    if (r != NULL) {
+        r->a = op->t[MT_ADD_A].ref;
+        r->b = op->t[MT_ADD_B].ref;
+        r->y = op->t[MT_ADD_Y].ref;
+        r->n = op->t[MT_ADD_Y].n;
+    }
+    return sizeof(add_rec_t);
+}
+
+static int add_run(mt_ctx_t *ctx, const void *rec) {
+    const add_rec_t *r = rec;
+    const float *a = MT_F32(ctx, r->a), *b = MT_F32(ctx, r->b);
+    float *y = MT_F32(ctx, r->y);
+    for (uint32_t i = 0; i < r->n; i++) {
         y[i] = a[i] + b[i];
     }
+    return MT_OK;
 }
+
+const mt_opdef_t mt_op_ADD = {add_check, add_prepare, add_run};

@@ -68,6 +68,22 @@
 #define MT_T_QUANT 36
 #define MT_T_RESERVED 38
 
+/* training-state blob: header field byte offsets; the state region and a CRC-32 follow */
+#define MT_STATE_MAGIC "MTST"
+#define MT_STATE_VERSION 1
+#define MT_STATE_HEADER_BYTES 40
+#define MT_S_MAGIC 0
+#define MT_S_VERSION 4
+#define MT_S_RESERVED0 6
+#define MT_S_PLAN_CRC32 8
+#define MT_S_STATE_BYTES 12
+#define MT_S_STEPS 16
+#define MT_S_UPDATES 20
+#define MT_S_IN_BATCH 24
+#define MT_S_REJECTED 28
+#define MT_S_LR 32
+#define MT_S_RESERVED1 36
+
 /* dtype codes and sizes */
 #define MT_DTYPE_F32 1
 #define MT_DTYPE_F32_SIZE 4
@@ -316,6 +332,50 @@
 #define MT_SGD_ACC 2
 #define MT_OP_MAX 19
 
+/* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
+#define MT_FOR_EACH_OP(X) \
+    X(CONV2D) \
+    X(CONV2D_BWD_INPUT) \
+    X(CONV2D_BWD_WEIGHT) \
+    X(GEMM) \
+    X(GEMM_BWD_INPUT) \
+    X(GEMM_BWD_WEIGHT) \
+    X(BIAS_BWD) \
+    X(CLIP) \
+    X(CLIP_BWD) \
+    X(MAXPOOL) \
+    X(MAXPOOL_BWD) \
+    X(AVGPOOL) \
+    X(AVGPOOL_BWD) \
+    X(GAP) \
+    X(GAP_BWD) \
+    X(ADD) \
+    X(SOFTMAX_CE) \
+    X(MSE) \
+    X(SGD)
+
+/* attribute groups: the same position in every op that has the group */
+#define MT_CONV_A_STRIDE_H 0
+#define MT_CONV_A_STRIDE_W 1
+#define MT_CONV_A_PAD_T 2
+#define MT_CONV_A_PAD_L 3
+#define MT_CONV_A_PAD_B 4
+#define MT_CONV_A_PAD_R 5
+#define MT_CONV_A_DIL_H 6
+#define MT_CONV_A_DIL_W 7
+#define MT_CONV_A_GROUPS 8
+#define MT_POOL_A_KERNEL_H 0
+#define MT_POOL_A_KERNEL_W 1
+#define MT_POOL_A_STRIDE_H 2
+#define MT_POOL_A_STRIDE_W 3
+#define MT_POOL_A_PAD_T 4
+#define MT_POOL_A_PAD_L 5
+#define MT_POOL_A_PAD_B 6
+#define MT_POOL_A_PAD_R 7
+#define MT_POOL_A_DIL_H 8
+#define MT_POOL_A_DIL_W 9
+#define MT_POOL_A_COUNT_INCLUDE_PAD 10
+
 /* per-op slot table, indexed by op code: initialiser for mt_opspec_t[MT_OP_MAX + 1] */
 #define MT_SLOT(role, dtype, opt) ((uint8_t)((role) | ((dtype) << 2) | ((opt) << 7)))
 #define MT_SLOT_ROLE(s) ((s) & 3)
@@ -374,7 +434,14 @@
 #define MT_E_OUTPUT_LEN 26
 #define MT_E_TARGET_KIND 27
 #define MT_E_TARGET_NONFINITE 28
-#define MT_E_COUNT 29
+#define MT_E_LR 29
+#define MT_E_PARAM_LEN 30
+#define MT_E_PARAM_NONFINITE 31
+#define MT_E_STATE_LEN 32
+#define MT_E_STATE_CORRUPT 33
+#define MT_E_STATE_PLAN 34
+#define MT_E_CHANGED 35
+#define MT_E_COUNT 36
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -405,6 +472,13 @@
     "no plan loaded or no RAM attached\0" \
     "output buffer has the wrong number of elements\0" \
     "target kind does not match the loss (class label for cross-entropy, float targets for mse)\0" \
-    "target contains NaN or infinity\0"
+    "target contains NaN or infinity\0" \
+    "learning rate must be a finite number >= 0\0" \
+    "parameter data has the wrong number of elements\0" \
+    "parameter data contains NaN or infinity\0" \
+    "state blob has the wrong length for this plan\0" \
+    "state blob is corrupted (bad magic, version, field or CRC)\0" \
+    "state blob was saved with a different plan\0" \
+    "plan bytes changed between mt_load and mt_attach\0"
 
 #endif /* MT_FORMAT_H */

@@ -1,15 +1,196 @@
-/* microtrain core: the optimizer step that ends a batch (batch > 1). With batch 1
- * the update happens inside the gradient kernels, through mt_sink_put. */
-#include "mt_kernels.h"
+/* microtrain core: the optimizer. The sink every parameter-gradient op hands its
+ * gradients to, the bias gradient (BIAS_BWD) and the SGD op that ends a batch.
+ *
+ * PyTorch's SGD, element by element: g += wd*w; m = momentum*m + g; w -= lr*m
+ * (the momentum buffer starts at zero, so its first value is g, as PyTorch's).
+ * Which of those terms exist is fixed when the plan is decoded, so each case is
+ * its own loop with no test inside.
+ */
+#include "mt_core.h"
 
-/* End of a batch: apply the mean of the accumulated gradients, then clear them. */
-void mt_k_sgd(const mt_op_t *op, const mt_sink_t *sink) {
-    float *acc = op->t[MT_SGD_ACC].data;
-    mt_sink_t s = *sink;
-    s.acc = NULL;   /* the sink must update the parameter, not add the gradient back to the accumulator */
-    for (uint32_t i = 0; i < op->t[MT_SGD_ACC].n; i++) {
-        const float g = acc[i];
-        acc[i] = 0.0f;
-        mt_sink_put(&s, i, g);
+/* With batch 1 a gradient op updates its parameter at once (momentum buffer
+ * present iff momentum > 0); otherwise it adds into an accumulator (no momentum
+ * buffer) that an SGD op applies when a batch ends, also with batch 1 (a
+ * parameter shared by two layers sums both gradients first). The SGD op itself
+ * needs the accumulator. */
+int mt_sink_check(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
+    int is_grad_op) {
+    int has_m = m->n != 0, has_acc = acc->n != 0, want_m = ctx->momentum > 0.0f;
+    int ok = is_grad_op ? (has_acc ? !has_m : ctx->batch == 1 && has_m == want_m) : has_acc && has_m == want_m;
+    return ok && (!has_m || (m->n == w->n && (m->flags & MT_TFLAG_MOMENTUM)))
+           && (!has_acc || (acc->n == w->n && (acc->flags & MT_TFLAG_GRAD_ACC)));
+}
+
+/* acc NULL: the sink updates the parameter (the SGD op reads the accumulator itself). */
+void mt_sink_prepare(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
+    mt_sink_rec_t *s) {
+    int has_m = m->n != 0, has_wd = ctx->weight_decay != 0.0f;
+    s->w = w->ref;
+    s->m = has_m ? m->ref : MT_REF_NONE;
+    s->acc = acc != NULL && acc->n != 0 ? acc->ref : MT_REF_NONE;
+    s->mode = (uint8_t)(s->acc != MT_REF_NONE ? MT_SINK_ACC
+        : has_m ? (has_wd ? MT_SINK_MOM_WD : MT_SINK_MOM) : (has_wd ? MT_SINK_SGD_WD : MT_SINK_SGD));
+}
+
+/* Where g comes from: computed by the caller (VEC), d * v[i] (OUTER, the weight
+ * gradient of a fully connected layer), or an accumulator read, scaled to the
+ * batch mean and cleared (BATCH, the SGD op). */
+enum { FORM_VEC, FORM_OUTER, FORM_BATCH };
+
+typedef struct {
+    float *w, *m, *acc;
+    const float *v;
+    float d, lr, mu, wd, scale;
+} sink_args_t;
+
+/* One loop per (mode, form): mode and form are constants at every call, so
+ * each call below compiles to a loop without branches. */
+MT_INLINE void sink_loop(const int mode, const int form, const sink_args_t *a, uint32_t n) {
+    float *w = a->w, *m = a->m, *acc = a->acc;
+    const float *v = a->v;
+    const float d = a->d, lr = a->lr, mu = a->mu, wd = a->wd, scale = a->scale;
+    for (uint32_t i = 0; i < n; i++) {
+        float g;
+        if (form == FORM_OUTER) {
+            g = d * v[i];
+        } else if (form == FORM_VEC) {
+            g = v[i];
+        } else {
+            g = v[i] * scale;
+            acc[i] = 0.0f;
+        }
+        if (mode == MT_SINK_ACC) {
+            acc[i] += g;
+            continue;
+        }
+        if (mode == MT_SINK_SGD_WD || mode == MT_SINK_MOM_WD) {
+            g = g + wd * w[i];
+        }
+        if (mode == MT_SINK_MOM || mode == MT_SINK_MOM_WD) {
+            m[i] = mu * m[i] + g;
+            g = m[i];
+        }
+        w[i] -= lr * g;
     }
 }
+
+MT_INLINE void sink_dispatch(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at,
+    const float *v, float d, uint32_t n, float scale) {
+    sink_args_t a;
+    a.w = MT_F32(ctx, s->w) + at;
+    a.m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + at : NULL;
+    a.acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + at : NULL;
+    a.v = v;
+    a.d = d;
+    a.lr = ctx->lr;
+    a.mu = ctx->momentum;
+    a.wd = ctx->weight_decay;
+    a.scale = scale;
+    switch (s->mode) {
+        case MT_SINK_ACC: sink_loop(MT_SINK_ACC, form, &a, n); break;
+        case MT_SINK_SGD: sink_loop(MT_SINK_SGD, form, &a, n); break;
+        case MT_SINK_SGD_WD: sink_loop(MT_SINK_SGD_WD, form, &a, n); break;
+        case MT_SINK_MOM: sink_loop(MT_SINK_MOM, form, &a, n); break;
+        default: sink_loop(MT_SINK_MOM_WD, form, &a, n); break;
+    }
+}
+
+void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, const float *g, uint32_t n) {
+    sink_dispatch(FORM_VEC, ctx, s, at, g, 0.0f, n, 1.0f);
+}
+
+void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, float d, const float *v, uint32_t n) {
+    sink_dispatch(FORM_OUTER, ctx, s, at, v, d, n, 1.0f);
+}
+
+/* ---- BIAS_BWD: dy summed over everything after the channel axis ---- */
+
+typedef struct {
+    mt_rec_t h;
+    uint32_t dy;
+    mt_sink_rec_t s;
+    uint32_t per, o0, o1;
+} bias_bwd_rec_t;
+
+static int bias_bwd_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *dy = &op->t[MT_BIAS_BWD_DY], *b = &op->t[MT_BIAS_BWD_W];
+    return dy->ndim >= 2 && dy->dim[0] == 1 && b->n == dy->dim[1]
+           && mt_range_ok(op->a[MT_BIAS_BWD_A_O_BEGIN], op->a[MT_BIAS_BWD_A_O_COUNT], b->n)
+           && mt_sink_check(ctx, b, &op->t[MT_BIAS_BWD_M], &op->t[MT_BIAS_BWD_ACC], 1) ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t bias_bwd_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    bias_bwd_rec_t *r = rec;
+    if (r != NULL) {
+        const mt_tensor_t *dy = &op->t[MT_BIAS_BWD_DY];
+        r->dy = dy->ref;
+        mt_sink_prepare(ctx, &op->t[MT_BIAS_BWD_W], &op->t[MT_BIAS_BWD_M], &op->t[MT_BIAS_BWD_ACC], &r->s);
+        r->per = dy->n / dy->dim[1];
+        r->o0 = (uint32_t)op->a[MT_BIAS_BWD_A_O_BEGIN];
+        r->o1 = r->o0 + (uint32_t)op->a[MT_BIAS_BWD_A_O_COUNT];
+    }
+    return sizeof(bias_bwd_rec_t);
+}
+
+#define BIAS_CHUNK 16   /* channel sums handed to the sink at a time */
+
+static int bias_bwd_run(mt_ctx_t *ctx, const void *rec) {
+    const bias_bwd_rec_t *r = rec;
+    const float *dy = MT_F32(ctx, r->dy);
+    const uint32_t per = r->per;
+    if (per == 1) {
+        mt_sink_vec(ctx, &r->s, r->o0, dy + r->o0, r->o1 - r->o0);
+        return MT_OK;
+    }
+    float g[BIAS_CHUNK];
+    for (uint32_t o = r->o0; o < r->o1;) {
+        uint32_t n = r->o1 - o < BIAS_CHUNK ? r->o1 - o : BIAS_CHUNK;
+        for (uint32_t j = 0; j < n; j++) {
+            const float *p = dy + (size_t)(o + j) * per;
+            float acc = 0.0f;
+            for (uint32_t i = 0; i < per; i++) {
+                acc += p[i];
+            }
+            g[j] = acc;
+        }
+        mt_sink_vec(ctx, &r->s, o, g, n);
+        o += n;
+    }
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_BIAS_BWD = {bias_bwd_check, bias_bwd_prepare, bias_bwd_run};
+
+/* ---- SGD: the end of a batch applies the mean of the accumulated gradients and clears them ---- */
+
+typedef struct {
+    mt_rec_t h;
+    mt_sink_rec_t s;
+    uint32_t acc, n;
+    float scale;
+} sgd_rec_t;
+
+static int sgd_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    return mt_sink_check(ctx, &op->t[MT_SGD_W], &op->t[MT_SGD_M], &op->t[MT_SGD_ACC], 0) ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t sgd_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    sgd_rec_t *r = rec;
+    if (r != NULL) {
+        mt_sink_prepare(ctx, &op->t[MT_SGD_W], &op->t[MT_SGD_M], NULL, &r->s);
+        r->acc = op->t[MT_SGD_ACC].ref;
+        r->n = op->t[MT_SGD_ACC].n;
+        r->scale = 1.0f / (float)ctx->batch;
+    }
+    return sizeof(sgd_rec_t);
+}
+
+static int sgd_run(mt_ctx_t *ctx, const void *rec) {
+    const sgd_rec_t *r = rec;
+    mt_sink_rec_t s = r->s;
+    s.acc = r->acc;   /* read and cleared by the BATCH form; the mode still updates the parameter */
+    sink_dispatch(FORM_BATCH, ctx, &s, 0, MT_F32(ctx, r->acc), 0.0f, r->n, r->scale);
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_SGD = {sgd_check, sgd_prepare, sgd_run};

@@ -1,22 +1,19 @@
-/* microtrain core: load a plan, validate every field once, attach RAM.
+/* microtrain core: load a plan and validate every field once; attach RAM and
+ * decode the plan into the runtime context there.
  *
  * After mt_load succeeds, every tensor lies inside its region, every op has the
- * slots, dtypes, shapes and attributes its kernel assumes, and no op writes over
- * a tensor it reads unless the format allows that pair in place. The kernels
- * rely on this and check nothing themselves.
+ * slots, dtypes, shapes and attributes its kernel assumes (its opdef's check),
+ * and no op writes over a tensor it reads unless the format allows that pair
+ * in place. mt_attach validates the structure again while it decodes it, so a
+ * plan changed in between cannot get past, and from then on the kernels run on
+ * the context alone and check nothing themselves.
  */
 #include <string.h>
-#include "mt.h"
+#include "mt_core.h"
 
 static const mt_opspec_t mt_opspecs[MT_OP_MAX + 1] = MT_OPSPECS_INIT;
 
 #define FAIL(code, op, tensor) do { ctx->err_op = (op); ctx->err_tensor = (tensor); return (code); } while (0)
-
-static int is_finite_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return (u & 0x7F800000u) != 0x7F800000u;
-}
 
 static float rd_f32(const uint8_t *p) {
     return mt_f32_from_bits((int32_t)mt_rd_u32(p));
@@ -27,12 +24,19 @@ static int section_ok(uint32_t off, uint32_t bytes, uint32_t file_bytes) {
     return off >= MT_HEADER_BYTES && off % MT_ALIGN == 0 && off <= file_bytes && bytes <= file_bytes - off;
 }
 
-void mt_tensor_decode(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t) {
+static const uint8_t *tensor_record(const mt_ctx_t *ctx, uint32_t i) {
+    return ctx->tensors + i * MT_TENSOR_BYTES;
+}
+
+/* The view of tensor tid (its record validated), or an absent one for MT_NO_TENSOR. */
+static void tensor_view(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t) {
     memset(t, 0, sizeof *t);
+    t->ref = MT_REF_NONE;
     if (tid == MT_NO_TENSOR) {
         return;
     }
-    const uint8_t *r = ctx->tensors + (uint32_t)tid * MT_TENSOR_BYTES;
+    const uint8_t *r = tensor_record(ctx, tid);
+    static const uint8_t region[3] = {MT_REGION_ARENA, MT_REGION_CONST, MT_REGION_STATE};   /* by storage */
     t->dtype = r[MT_T_DTYPE];
     t->storage = r[MT_T_STORAGE];
     t->ndim = r[MT_T_NDIM];
@@ -42,47 +46,7 @@ void mt_tensor_decode(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t) {
         t->dim[d] = mt_rd_u32(r + MT_T_DIM0 + 4 * d);
         t->n *= t->dim[d];
     }
-    uint32_t off = mt_rd_u32(r + MT_T_OFFSET);
-    if (t->storage == MT_STORAGE_CONST) {
-        t->data = (void *)(uintptr_t)(ctx->data + off);
-    } else if (ctx->ram != NULL) {
-        t->data = ctx->ram + (t->storage == MT_STORAGE_STATE ? 0 : ctx->state_bytes) + off;
-    }
-}
-
-/* Decode the op record at byte position pos of the op section. Checks only what
- * is needed to read the record safely; mt_load checks the rest. */
-int mt_decode_at(const mt_ctx_t *ctx, uint32_t pos, mt_op_t *op, uint32_t *next) {
-    if (pos > ctx->ops_bytes || ctx->ops_bytes - pos < MT_OP_HEAD_BYTES) {
-        return MT_E_OP;
-    }
-    const uint8_t *p = ctx->ops + pos;
-    op->code = p[0];
-    op->phase = p[1];
-    op->n_t = p[2];
-    op->n_a = p[3];
-    if (op->n_t > MT_MAX_SLOTS || op->n_a > MT_MAX_ATTRS) {
-        return MT_E_OP;
-    }
-    uint32_t t_bytes = (2u * op->n_t + 3u) & ~3u;
-    uint32_t rec = MT_OP_HEAD_BYTES + t_bytes + 4u * op->n_a;
-    if (ctx->ops_bytes - pos < rec) {
-        return MT_E_OP;
-    }
-    for (int i = 0; i < op->n_t; i++) {
-        op->tid[i] = mt_rd_u16(p + MT_OP_HEAD_BYTES + 2 * i);
-    }
-    for (int i = 0; i < op->n_a; i++) {
-        op->a[i] = (int32_t)mt_rd_u32(p + MT_OP_HEAD_BYTES + t_bytes + 4 * i);
-    }
-    *next = pos + rec;
-    return MT_OK;
-}
-
-static void resolve(const mt_ctx_t *ctx, mt_op_t *op) {
-    for (int i = 0; i < op->n_t; i++) {
-        mt_tensor_decode(ctx, op->tid[i], &op->t[i]);
-    }
+    t->ref = mt_rd_u32(r + MT_T_OFFSET) | region[t->storage];
 }
 
 static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
@@ -92,7 +56,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (memcmp(p + MT_H_MAGIC, MT_MAGIC, 4) != 0) {
         FAIL(MT_E_MAGIC, -1, -1);
     }
-    if (mt_rd_u16(p + MT_H_VERSION) != MT_VERSION) {
+    ctx->plan_version = mt_rd_u16(p + MT_H_VERSION);
+    if (ctx->plan_version != MT_VERSION) {
         FAIL(MT_E_VERSION, -1, -1);
     }
     uint32_t file_bytes = mt_rd_u32(p + MT_H_FILE_BYTES);
@@ -105,7 +70,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (len > file_bytes) {
         FAIL(MT_E_OVERSIZE, -1, -1);
     }
-    if (mt_crc32(p + MT_CRC_START, file_bytes - MT_CRC_START) != mt_rd_u32(p + MT_H_CRC32)) {
+    ctx->plan_crc = mt_rd_u32(p + MT_H_CRC32);
+    if (mt_crc32(p + MT_CRC_START, file_bytes - MT_CRC_START) != ctx->plan_crc) {
         FAIL(MT_E_CRC, -1, -1);
     }
     if (mt_rd_u32(p + MT_H_FLAGS) != 0 || p[MT_H_RESERVED0] != 0 || mt_rd_u16(p + MT_H_RESERVED1) != 0) {
@@ -116,7 +82,6 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
             FAIL(MT_E_HEADER, -1, -1);
         }
     }
-    ctx->plan = p;
     ctx->plan_bytes = file_bytes;
     ctx->n_tensors = mt_rd_u16(p + MT_H_N_TENSORS);
     ctx->n_ops = mt_rd_u16(p + MT_H_N_OPS);
@@ -162,16 +127,18 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (ctx->loss_kind != MT_LOSS_CROSS_ENTROPY && ctx->loss_kind != MT_LOSS_MSE) {
         FAIL(MT_E_HEADER, -1, -1);
     }
-    if (ctx->batch < 1 || !is_finite_f32(ctx->lr) || !is_finite_f32(ctx->momentum)
-        || !is_finite_f32(ctx->weight_decay) || ctx->lr < 0.0f || ctx->momentum < 0.0f
+    if (ctx->batch < 1 || !mt_f32_finite(ctx->lr) || !mt_f32_finite(ctx->momentum)
+        || !mt_f32_finite(ctx->weight_decay) || ctx->lr < 0.0f || ctx->momentum < 0.0f
         || ctx->momentum >= 1.0f || ctx->weight_decay < 0.0f) {
         FAIL(MT_E_OPTIM, -1, -1);
     }
     return MT_OK;
 }
 
-static int validate_tensor(mt_ctx_t *ctx, uint32_t i) {
-    const uint8_t *r = ctx->tensors + i * MT_TENSOR_BYTES;
+/* One tensor record, against the header's region sizes. No side effects: it runs
+ * at load, again at attach, and for mt_tensor_info. */
+static int tensor_ok(const mt_ctx_t *ctx, uint32_t i) {
+    const uint8_t *r = tensor_record(ctx, i);
     uint8_t dtype = r[MT_T_DTYPE], storage = r[MT_T_STORAGE], ndim = r[MT_T_NDIM], flags = r[MT_T_FLAGS];
     uint32_t size;
     switch (dtype) {
@@ -179,36 +146,36 @@ static int validate_tensor(mt_ctx_t *ctx, uint32_t i) {
         case MT_DTYPE_I32: size = MT_DTYPE_I32_SIZE; break;
         case MT_DTYPE_I8: size = MT_DTYPE_I8_SIZE; break;
         case MT_DTYPE_U8: size = MT_DTYPE_U8_SIZE; break;
-        default: FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        default: return MT_E_TENSOR;
     }
     if (ndim < 1 || ndim > MT_MAX_DIMS) {
-        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        return MT_E_TENSOR;
     }
     uint64_t n = 1;
     for (int d = 0; d < MT_MAX_DIMS; d++) {
         uint32_t dim = mt_rd_u32(r + MT_T_DIM0 + 4 * d);
         if (dim < 1 || (d >= ndim && dim != 1)) {
-            FAIL(MT_E_TENSOR, -1, (int32_t)i);
+            return MT_E_TENSOR;
         }
         n *= dim;
         if (n > 0x10000000u) {   /* 2^28 elements: keeps every index computation in int32 */
-            FAIL(MT_E_TENSOR, -1, (int32_t)i);
+            return MT_E_TENSOR;
         }
     }
     uint32_t bytes = mt_rd_u32(r + MT_T_BYTES), off = mt_rd_u32(r + MT_T_OFFSET);
     uint32_t init = mt_rd_u32(r + MT_T_INIT), name = mt_rd_u32(r + MT_T_NAME);
-    if ((uint64_t)bytes != n * size || off % 4 != 0) {
-        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+    if ((uint64_t)bytes != n * size || off % MT_ALIGN != 0) {
+        return MT_E_TENSOR;
     }
     uint32_t region;
     switch (storage) {
         case MT_STORAGE_ARENA: region = ctx->arena_bytes; break;
         case MT_STORAGE_STATE: region = ctx->state_bytes; break;
         case MT_STORAGE_CONST: region = ctx->data_bytes; break;
-        default: FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        default: return MT_E_TENSOR;
     }
     if (off > region || bytes > region - off) {
-        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        return MT_E_TENSOR;
     }
     const uint8_t known = MT_TFLAG_PARAM | MT_TFLAG_MOMENTUM | MT_TFLAG_GRAD_ACC | MT_TFLAG_INPUT
         | MT_TFLAG_TARGET | MT_TFLAG_OUTPUT;
@@ -217,34 +184,47 @@ static int validate_tensor(mt_ctx_t *ctx, uint32_t i) {
     if ((flags & ~known) != 0 || (kind != 0 && kind != MT_TFLAG_PARAM && kind != MT_TFLAG_MOMENTUM
                                   && kind != MT_TFLAG_GRAD_ACC)
         || ((storage == MT_STORAGE_STATE) != (kind != 0)) || (kind != 0 && dtype != MT_DTYPE_F32)) {
-        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        return MT_E_TENSOR;
     }
     if (kind == MT_TFLAG_PARAM) {
-        if (init % 4 != 0 || init > ctx->data_bytes || bytes > ctx->data_bytes - init) {
-            FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        if (init % MT_ALIGN != 0 || init > ctx->data_bytes || bytes > ctx->data_bytes - init) {
+            return MT_E_TENSOR;
         }
     } else if (init != MT_NO_NAME) {
-        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        return MT_E_TENSOR;
     }
     if (name != MT_NO_NAME && name >= ctx->names_bytes) {
-        FAIL(MT_E_NAME, -1, (int32_t)i);
+        return MT_E_NAME;
     }
     if (mt_rd_u16(r + MT_T_QUANT) != 0xFFFF || mt_rd_u16(r + MT_T_RESERVED) != 0) {
-        FAIL(MT_E_TENSOR, -1, (int32_t)i);
+        return MT_E_TENSOR;
     }
+    return MT_OK;
+}
+
+static int validate_tensors(mt_ctx_t *ctx) {
+    uint32_t n_params = 0;
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        int err = tensor_ok(ctx, i);
+        if (err != MT_OK) {
+            FAIL(err, -1, (int32_t)i);
+        }
+        n_params += (tensor_record(ctx, i)[MT_T_FLAGS] & MT_TFLAG_PARAM) != 0;
+    }
+    ctx->n_params = n_params;
     return MT_OK;
 }
 
 /* Persistent tensors must not share memory: each is a distinct parameter or buffer. */
 static int validate_state_disjoint(mt_ctx_t *ctx) {
     for (uint32_t i = 0; i < ctx->n_tensors; i++) {
-        const uint8_t *a = ctx->tensors + i * MT_TENSOR_BYTES;
+        const uint8_t *a = tensor_record(ctx, i);
         if (a[MT_T_STORAGE] != MT_STORAGE_STATE) {
             continue;
         }
         uint32_t a0 = mt_rd_u32(a + MT_T_OFFSET), a1 = a0 + mt_rd_u32(a + MT_T_BYTES);
         for (uint32_t j = i + 1; j < ctx->n_tensors; j++) {
-            const uint8_t *b = ctx->tensors + j * MT_TENSOR_BYTES;
+            const uint8_t *b = tensor_record(ctx, j);
             if (b[MT_T_STORAGE] != MT_STORAGE_STATE) {
                 continue;
             }
@@ -263,9 +243,9 @@ static int validate_io(mt_ctx_t *ctx) {
         FAIL(MT_E_HEADER, -1, -1);
     }
     mt_tensor_t x, y, t;
-    mt_tensor_decode(ctx, ctx->input, &x);
-    mt_tensor_decode(ctx, ctx->output, &y);
-    mt_tensor_decode(ctx, ctx->target, &t);
+    tensor_view(ctx, ctx->input, &x);
+    tensor_view(ctx, ctx->output, &y);
+    tensor_view(ctx, ctx->target, &t);
     if (x.storage != MT_STORAGE_ARENA || x.dtype != MT_DTYPE_F32 || !(x.flags & MT_TFLAG_INPUT)) {
         FAIL(MT_E_TENSOR, -1, ctx->input);
     }
@@ -277,24 +257,55 @@ static int validate_io(mt_ctx_t *ctx) {
         || t.dtype != (label ? MT_DTYPE_I32 : MT_DTYPE_F32) || t.n != (label ? 1u : y.n)) {
         FAIL(MT_E_TENSOR, -1, ctx->target);
     }
+    ctx->in_ref = x.ref;
+    ctx->n_in = x.n;
+    ctx->out_ref = y.ref;
+    ctx->n_out = y.n;
+    ctx->target_ref = t.ref;
+    ctx->n_target = t.n;
     return MT_OK;
 }
 
-/* Memory range of a tensor as (storage, begin, end) for overlap tests. */
-static void tensor_range(const mt_ctx_t *ctx, uint16_t tid, uint8_t *storage, uint32_t *b, uint32_t *e) {
-    const uint8_t *r = ctx->tensors + (uint32_t)tid * MT_TENSOR_BYTES;
-    *storage = r[MT_T_STORAGE];
-    *b = mt_rd_u32(r + MT_T_OFFSET);
-    *e = *b + mt_rd_u32(r + MT_T_BYTES);
+/* The op record at byte position pos of the op list, with its tensors' views. */
+static int decode_op(mt_ctx_t *ctx, uint32_t index, uint32_t pos, mt_op_t *op, uint32_t *next) {
+    if (pos > ctx->ops_bytes || ctx->ops_bytes - pos < MT_OP_HEAD_BYTES) {
+        FAIL(MT_E_OP, (int32_t)index, -1);
+    }
+    const uint8_t *p = ctx->ops + pos;
+    op->code = p[0];
+    op->phase = p[1];
+    op->n_t = p[2];
+    op->n_a = p[3];
+    if (op->n_t > MT_MAX_SLOTS || op->n_a > MT_MAX_ATTRS) {
+        FAIL(MT_E_OP, (int32_t)index, -1);
+    }
+    uint32_t t_bytes = (2u * op->n_t + 3u) & ~3u;
+    uint32_t rec = MT_OP_HEAD_BYTES + t_bytes + 4u * op->n_a;
+    if (ctx->ops_bytes - pos < rec) {
+        FAIL(MT_E_OP, (int32_t)index, -1);
+    }
+    for (int i = 0; i < op->n_t; i++) {
+        op->tid[i] = mt_rd_u16(p + MT_OP_HEAD_BYTES + 2 * i);
+        if (op->tid[i] != MT_NO_TENSOR && op->tid[i] >= ctx->n_tensors) {
+            FAIL(MT_E_OP, (int32_t)index, op->tid[i]);
+        }
+        tensor_view(ctx, op->tid[i], &op->t[i]);
+    }
+    for (int i = 0; i < op->n_a; i++) {
+        op->a[i] = (int32_t)mt_rd_u32(p + MT_OP_HEAD_BYTES + t_bytes + 4 * i);
+    }
+    *next = pos + rec;
+    return MT_OK;
 }
 
 static int inplace_allowed(const mt_opspec_t *spec, int out, int in) {
     return (spec->inplace[0] == out && spec->inplace[1] == in) || (spec->inplace[2] == out && spec->inplace[3] == in);
 }
 
-static int validate_op(mt_ctx_t *ctx, uint32_t index, mt_op_t *op) {
+/* What every op must satisfy (format.py's slot table), then its own check. */
+static int validate_op(mt_ctx_t *ctx, uint32_t index, const mt_op_t *op) {
     int32_t oi = (int32_t)index;
-    if (op->code < 1 || op->code > MT_OP_MAX || mt_opspecs[op->code].n_slots == 0) {
+    if (op->code < 1 || op->code > MT_OP_MAX || mt_opspecs[op->code].n_slots == 0 || mt_opdefs[op->code] == NULL) {
         FAIL(MT_E_OPCODE, oi, -1);
     }
     const mt_opspec_t *spec = &mt_opspecs[op->code];
@@ -343,15 +354,15 @@ static int validate_op(mt_ctx_t *ctx, uint32_t index, mt_op_t *op) {
         if (MT_SLOT_ROLE(spec->slot[w]) == MT_ROLE_IN || op->tid[w] == MT_NO_TENSOR) {
             continue;
         }
-        uint8_t sw, so;
-        uint32_t bw, ew, bo, eo;
-        tensor_range(ctx, op->tid[w], &sw, &bw, &ew);
+        const uint8_t *rw = tensor_record(ctx, op->tid[w]);
+        uint32_t bw = mt_rd_u32(rw + MT_T_OFFSET), ew = bw + mt_rd_u32(rw + MT_T_BYTES);
         for (int o = 0; o < op->n_t; o++) {
             if (o == w || op->tid[o] == MT_NO_TENSOR) {
                 continue;
             }
-            tensor_range(ctx, op->tid[o], &so, &bo, &eo);
-            if (so != sw || eo <= bw || ew <= bo) {
+            const uint8_t *ro = tensor_record(ctx, op->tid[o]);
+            uint32_t bo = mt_rd_u32(ro + MT_T_OFFSET), eo = bo + mt_rd_u32(ro + MT_T_BYTES);
+            if (ro[MT_T_STORAGE] != rw[MT_T_STORAGE] || eo <= bw || ew <= bo) {
                 continue;
             }
             if (bo == bw && eo == ew && (inplace_allowed(spec, w, o) || inplace_allowed(spec, o, w))) {
@@ -360,7 +371,7 @@ static int validate_op(mt_ctx_t *ctx, uint32_t index, mt_op_t *op) {
             FAIL(MT_E_ALIAS, oi, op->tid[o]);
         }
     }
-    int err = mt_op_check(ctx, op);
+    int err = mt_opdefs[op->code]->check(ctx, op);
     if (err != MT_OK) {
         FAIL(err, oi, -1);
     }
@@ -371,23 +382,21 @@ static int is_loss(uint8_t code) {
     return code == MT_OP_SOFTMAX_CE || code == MT_OP_MSE;
 }
 
-static int validate_ops(mt_ctx_t *ctx) {
-    uint32_t pos = 0;
+/* Validate the op list and size (dest NULL) or write (dest) each op's record.
+ * At attach, budget is what mt_load measured: a plan that changed since cannot
+ * make the records outgrow it. */
+static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *total) {
+    uint32_t pos = 0, at = 0, n_loss = 0, n_train = 0;
     uint8_t phase = MT_PHASE_FORWARD;
-    uint32_t n_loss = 0;
+    ctx->phase_at[0] = 0;
+    ctx->phase_op[0] = 0;
     for (uint32_t i = 0; i < ctx->n_ops; i++) {
         mt_op_t op;
         uint32_t next;
-        if (mt_decode_at(ctx, pos, &op, &next) != MT_OK) {
-            FAIL(MT_E_OP, (int32_t)i, -1);
+        int err = decode_op(ctx, i, pos, &op, &next);
+        if (err == MT_OK) {
+            err = validate_op(ctx, i, &op);
         }
-        for (int s = 0; s < op.n_t; s++) {
-            if (op.tid[s] != MT_NO_TENSOR && op.tid[s] >= ctx->n_tensors) {
-                FAIL(MT_E_OP, (int32_t)i, op.tid[s]);
-            }
-        }
-        resolve(ctx, &op);
-        int err = validate_op(ctx, i, &op);
         if (err != MT_OK) {
             return err;
         }
@@ -405,27 +414,42 @@ static int validate_ops(mt_ctx_t *ctx) {
                 FAIL(MT_E_OP, (int32_t)i, -1);
             }
         }
+        for (uint8_t q = phase + 1; q <= op.phase; q++) {
+            ctx->phase_at[q] = at;
+            ctx->phase_op[q] = i;
+        }
         phase = op.phase;
-        ctx->n_train_ops += op.phase != MT_PHASE_FORWARD;
+        n_train += op.phase != MT_PHASE_FORWARD;
+        const mt_opdef_t *def = mt_opdefs[op.code];
+        uint32_t size = (def->prepare(ctx, &op, NULL) + 3u) & ~3u;
+        if (dest != NULL) {
+            if (size > budget - at) {
+                FAIL(MT_E_CHANGED, (int32_t)i, -1);
+            }
+            mt_rec_t *rec = (mt_rec_t *)(dest + at);
+            memset(rec, 0, size);
+            def->prepare(ctx, &op, rec);
+            rec->code = op.code;
+            rec->bytes = (uint16_t)size;
+        }
+        at += size;
         pos = next;
     }
     if (pos != ctx->ops_bytes || n_loss > 1) {
         FAIL(MT_E_OP, -1, -1);
     }
+    for (uint8_t q = phase + 1; q <= MT_PHASE_BATCH_END; q++) {
+        ctx->phase_at[q] = at;
+        ctx->phase_op[q] = ctx->n_ops;
+    }
+    ctx->n_train_ops = n_train;
+    *total = at;
     return MT_OK;
 }
 
-int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
-    memset(ctx, 0, sizeof *ctx);
-    ctx->err_op = -1;
-    ctx->err_tensor = -1;
-    if (plan == NULL || ((uintptr_t)plan & 3u) != 0) {
-        FAIL(MT_E_ALIGN, -1, -1);
-    }
-    int err = validate_header(ctx, (const uint8_t *)plan, plan_bytes);
-    for (uint32_t i = 0; err == MT_OK && i < ctx->n_tensors; i++) {
-        err = validate_tensor(ctx, i);
-    }
+/* Everything but the header, at load and again at attach. */
+static int validate_structure(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *op_bytes) {
+    int err = validate_tensors(ctx);
     if (err == MT_OK) {
         err = validate_state_disjoint(ctx);
     }
@@ -433,20 +457,71 @@ int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
         err = validate_io(ctx);
     }
     if (err == MT_OK) {
-        err = validate_ops(ctx);
-    }
-    if (err != MT_OK) {
-        ctx->plan = NULL;   /* a half-loaded context must not be usable */
-        ctx->n_ops = 0;
+        err = walk_ops(ctx, dest, budget, op_bytes);
     }
     return err;
 }
 
+int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
+    memset(ctx, 0, sizeof *ctx);
+    mt_clear_error(ctx);
+    if (plan == NULL || ((uintptr_t)plan & 3u) != 0) {
+        FAIL(MT_E_ALIGN, -1, -1);
+    }
+    uint32_t op_bytes = 0;
+    int err = validate_header(ctx, (const uint8_t *)plan, plan_bytes);
+    ctx->base[MT_REGION_CONST] = (uintptr_t)ctx->data - MT_REGION_CONST;
+    ctx->base[MT_REGION_NONE] = (uintptr_t)0 - MT_REGION_NONE;
+    if (err == MT_OK) {
+        err = validate_structure(ctx, NULL, 0, &op_bytes);
+    }
+    if (err == MT_OK) {
+        ctx->params_at = op_bytes;
+        ctx->context_bytes = op_bytes + ctx->n_params * (uint32_t)sizeof(mt_param_rec_t);
+        if ((uint64_t)ctx->state_bytes + ctx->arena_bytes + ctx->context_bytes > 0x7FFFFFF8u) {
+            ctx->err_op = -1;
+            err = MT_E_HEADER;
+        }
+    }
+    if (err != MT_OK) {
+        ctx->plan = NULL;   /* a half-loaded context must not be usable */
+        ctx->n_ops = 0;
+        return err;
+    }
+    ctx->plan = (const uint8_t *)plan;
+    return MT_OK;
+}
+
 uint32_t mt_ram_bytes(const mt_ctx_t *ctx) {
-    return ctx->state_bytes + ctx->arena_bytes;
+    return ctx->plan != NULL ? ctx->state_bytes + ctx->arena_bytes + ctx->context_bytes : 0;
+}
+
+/* The parameter table, after the op records. */
+static void write_params(mt_ctx_t *ctx) {
+    mt_param_rec_t *p = (mt_param_rec_t *)(mt_context(ctx) + ctx->params_at);
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        const uint8_t *r = tensor_record(ctx, i);
+        if (!(r[MT_T_FLAGS] & MT_TFLAG_PARAM)) {
+            continue;
+        }
+        mt_tensor_t t;
+        tensor_view(ctx, (uint16_t)i, &t);
+        memset(p, 0, sizeof *p);
+        p->tensor = i;
+        p->state_off = mt_rd_u32(r + MT_T_OFFSET);
+        p->init_off = mt_rd_u32(r + MT_T_INIT);
+        p->bytes = mt_rd_u32(r + MT_T_BYTES);
+        p->n = t.n;
+        p->name = mt_rd_u32(r + MT_T_NAME);
+        memcpy(p->dim, t.dim, sizeof p->dim);
+        p->ndim = t.ndim;
+        p->dtype = t.dtype;
+        p++;
+    }
 }
 
 int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
+    mt_clear_error(ctx);
     if (ctx->plan == NULL) {
         return MT_E_DETACHED;
     }
@@ -456,29 +531,46 @@ int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
     if (ram_bytes < mt_ram_bytes(ctx)) {
         return MT_E_RAM;
     }
+    uint32_t n_params = ctx->n_params, op_bytes = 0;
     ctx->ram = (uint8_t *)ram;
+    ctx->base[MT_REGION_STATE] = (uintptr_t)ctx->ram - MT_REGION_STATE;
+    ctx->base[MT_REGION_ARENA] = (uintptr_t)(ctx->ram + ctx->state_bytes) - MT_REGION_ARENA;
+    int err = validate_structure(ctx, mt_context(ctx), ctx->params_at, &op_bytes);
+    if (err == MT_OK && (op_bytes != ctx->params_at || ctx->n_params != n_params)) {
+        err = MT_E_CHANGED;
+    }
+    if (err != MT_OK) {
+        ctx->ram = NULL;
+        return err;
+    }
+    write_params(ctx);
     return mt_reset(ctx);
+}
+
+const mt_param_rec_t *mt_param_rec(const mt_ctx_t *ctx, uint32_t k) {
+    return (const mt_param_rec_t *)(mt_context(ctx) + ctx->params_at) + k;
 }
 
 /* Parameters back to the plan's initial values, optimizer state to zero. */
 int mt_reset(mt_ctx_t *ctx) {
+    mt_clear_error(ctx);
     if (ctx->plan == NULL || ctx->ram == NULL) {
         return MT_E_DETACHED;
     }
     memset(ctx->ram, 0, ctx->state_bytes);
-    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
-        const uint8_t *r = ctx->tensors + i * MT_TENSOR_BYTES;
-        if (r[MT_T_FLAGS] & MT_TFLAG_PARAM) {
-            memcpy(ctx->ram + mt_rd_u32(r + MT_T_OFFSET), ctx->data + mt_rd_u32(r + MT_T_INIT),
-                mt_rd_u32(r + MT_T_BYTES));
-        }
+    for (uint32_t k = 0; k < ctx->n_params; k++) {
+        const mt_param_rec_t *p = mt_param_rec(ctx, k);
+        memcpy(ctx->ram + p->state_off, ctx->data + p->init_off, p->bytes);
     }
     ctx->steps = 0;
     ctx->updates = 0;
+    ctx->in_batch = 0;
+    ctx->rejected = 0;
     ctx->loss = 0.0f;
     return MT_OK;
 }
 
+/* Introspection reads the tensor table, so it checks the record again first. */
 int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info) {
     if (ctx->plan == NULL) {
         return MT_E_DETACHED;
@@ -486,12 +578,15 @@ int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info) 
     if (index >= ctx->n_tensors) {
         return MT_E_INDEX;
     }
+    int err = tensor_ok(ctx, index);
+    if (err != MT_OK) {
+        return err;
+    }
     mt_tensor_t t;
-    mt_tensor_decode(ctx, (uint16_t)index, &t);
-    const uint8_t *r = ctx->tensors + index * MT_TENSOR_BYTES;
-    uint32_t name = mt_rd_u32(r + MT_T_NAME);
-    info->name = name == MT_NO_NAME ? "" : (const char *)ctx->names + name;
-    info->data = t.data;
+    tensor_view(ctx, (uint16_t)index, &t);
+    const uint8_t *r = tensor_record(ctx, index);
+    info->name = mt_name_of(ctx, mt_rd_u32(r + MT_T_NAME), &info->name_len);
+    info->data = t.storage == MT_STORAGE_CONST || ctx->ram != NULL ? mt_ptr(ctx, t.ref) : NULL;
     info->bytes = mt_rd_u32(r + MT_T_BYTES);
     info->n = t.n;
     memcpy(info->dim, t.dim, sizeof info->dim);
@@ -499,24 +594,5 @@ int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info) 
     info->dtype = t.dtype;
     info->storage = t.storage;
     info->flags = t.flags;
-    return MT_OK;
-}
-
-int mt_op_decode(const mt_ctx_t *ctx, uint32_t index, mt_op_t *op) {
-    if (ctx->plan == NULL) {
-        return MT_E_DETACHED;
-    }
-    if (index >= ctx->n_ops) {
-        return MT_E_INDEX;
-    }
-    uint32_t pos = 0, next = 0;
-    for (uint32_t i = 0; i <= index; i++) {
-        int err = mt_decode_at(ctx, pos, op, &next);
-        if (err != MT_OK) {
-            return err;
-        }
-        pos = next;
-    }
-    resolve(ctx, op);
     return MT_OK;
 }

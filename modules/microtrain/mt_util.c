@@ -1,6 +1,6 @@
-/* microtrain core: byte readers, CRC-32 and error strings. */
+/* microtrain core: byte readers, CRC-32, finiteness tests and error text. */
 #include <string.h>
-#include "mt.h"
+#include "mt_core.h"
 
 uint32_t mt_rd_u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -10,11 +10,37 @@ uint16_t mt_rd_u16(const uint8_t *p) {
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 
+void mt_wr_u32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
 float mt_f32_from_bits(int32_t bits) {
     float f;
     uint32_t u = (uint32_t)bits;
     memcpy(&f, &u, sizeof f);
     return f;
+}
+
+int mt_f32_finite(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x7F800000u) != 0x7F800000u;
+}
+
+/* p may be unaligned: read bytewise. */
+int mt_all_finite(const float *p, uint32_t n) {
+    const uint8_t *b = (const uint8_t *)p;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, b + 4 * i, sizeof u);
+        if ((u & 0x7F800000u) == 0x7F800000u) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* CRC-32 (IEEE 802.3, as zlib.crc32), four bits at a time: a 64-byte table
@@ -43,4 +69,89 @@ const char *mt_strerror(int code) {
         p += strlen(p) + 1;
     }
     return p;
+}
+
+/* The name at offset name_off of the names section, and its length, never
+ * reading past the section: the bytes may have changed since they were checked. */
+const char *mt_name_of(const mt_ctx_t *ctx, uint32_t name_off, uint32_t *len) {
+    *len = 0;
+    if (ctx->names == NULL || name_off >= ctx->names_bytes) {
+        return "";
+    }
+    const char *s = (const char *)ctx->names + name_off;
+    uint32_t max = ctx->names_bytes - name_off;
+    while (*len < max && s[*len] != '\0') {
+        (*len)++;
+    }
+    return s;
+}
+
+/* ---- error text: the one place that builds it, for every binding ---- */
+
+typedef struct {
+    char *buf;
+    size_t n, len;   /* capacity, characters written (excluding the NUL) */
+} text_t;
+
+static void put_str(text_t *t, const char *s, size_t len) {
+    for (size_t i = 0; i < len && s[i] != '\0'; i++) {
+        if (t->len + 1 < t->n) {
+            char c = s[i];
+            t->buf[t->len++] = (c >= ' ' && c < 127) ? c : '?';   /* names are bytes from the plan */
+        }
+    }
+}
+
+static void put_uint(text_t *t, uint32_t v) {
+    char digits[10];
+    int k = 0;
+    do {
+        digits[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    while (k > 0) {
+        put_str(t, &digits[--k], 1);
+    }
+}
+
+size_t mt_error_text(const mt_ctx_t *ctx, int code, char *buf, size_t n) {
+    text_t t = {buf, n, 0};
+    if (code == MT_E_VERSION && ctx != NULL) {
+        put_str(&t, "plan format version ", 40);
+        put_uint(&t, ctx->plan_version);
+        put_str(&t, ", this runtime reads ", 40);
+        put_uint(&t, MT_VERSION);
+        put_str(&t, ": recompile the model with this microtrain", 60);
+    } else {
+        put_str(&t, mt_strerror(code), 200);
+    }
+    int have_op = ctx != NULL && ctx->err_op >= 0;
+    int have_tensor = ctx != NULL && ctx->err_tensor >= 0;
+    if (have_op || have_tensor) {
+        put_str(&t, " (", 2);
+        if (have_op) {
+            put_str(&t, "op ", 3);
+            put_uint(&t, (uint32_t)ctx->err_op);
+        }
+        if (have_tensor) {
+            put_str(&t, have_op ? ", tensor " : "tensor ", 9);
+            put_uint(&t, (uint32_t)ctx->err_tensor);
+            /* names only from a plan that loaded: a refused plan's names are not to be trusted */
+            if (ctx->plan != NULL && (uint32_t)ctx->err_tensor < ctx->n_tensors) {
+                uint32_t len;
+                const uint8_t *r = ctx->tensors + (uint32_t)ctx->err_tensor * MT_TENSOR_BYTES;
+                const char *name = mt_name_of(ctx, mt_rd_u32(r + MT_T_NAME), &len);
+                if (len > 0) {
+                    put_str(&t, " '", 2);
+                    put_str(&t, name, len < 60 ? len : 60);
+                    put_str(&t, "'", 1);
+                }
+            }
+        }
+        put_str(&t, ")", 1);
+    }
+    if (n > 0) {
+        buf[t.len] = '\0';
+    }
+    return t.len;
 }

@@ -27,7 +27,7 @@ info = t.info()
 print("info keys", sorted(info))
 expected = dict(HOST_INFO)
 expected["lr"] = array("f", HOST_LR)[0]
-print("info equals the host report", info == expected)
+print("info has the host report's figures", all(info.get(k) == v for k, v in expected.items()))
 for key in sorted(expected):
     if info.get(key) != expected[key]:
         print("  ", key, info.get(key), "host", expected[key])

@@ -1,0 +1,165 @@
+/* microtrain core: the private header, shared by the core's files only.
+ * Bindings use mt.h.
+ *
+ * How a plan runs. mt_load validates the plan; mt_attach decodes it, op by op,
+ * into the runtime context at the end of the caller's RAM: one record per op
+ * (what its kernel needs: tensor references, sizes, geometry with its valid
+ * ranges, the implementation chosen for the dtypes and shapes), then the
+ * parameter table. A step walks the records and calls each op's run function;
+ * it never reads the plan's tensor table or op list again.
+ *
+ * Each op code has an mt_opdef_t, defined in the op's own file:
+ *     check    at load: shapes and attributes fit what the kernel assumes
+ *     prepare  at load (rec NULL: only its size) and at attach: fill the record
+ *     run      per step: the kernel, on the record alone
+ * Adding an op: a row in host/microtrain/format.py (make header), its opdef in
+ * a kernel file, and its host rule. mt_ops.c collects the opdefs by name.
+ */
+#ifndef MT_CORE_H
+#define MT_CORE_H
+
+#include "mt.h"
+
+#if defined(__GNUC__)
+#define MT_INLINE static inline __attribute__((always_inline))
+#else
+#define MT_INLINE static inline
+#endif
+
+/* ---- load-time view of a plan op (built from the plan, never kept) ---- */
+
+typedef struct {
+    uint8_t n_slots;
+    uint8_t n_attrs;
+    uint8_t slot[MT_MAX_SLOTS];   /* MT_SLOT(role, dtype, optional) */
+    uint8_t inplace[4];           /* up to two (out slot, in slot) pairs, 255 = none */
+} mt_opspec_t;
+
+/* A tensor of the plan as checks and prepare functions see it. n is 0 for an
+ * absent optional slot. */
+typedef struct {
+    uint32_t n;                   /* elements */
+    uint32_t dim[MT_MAX_DIMS];    /* unused dims are 1 */
+    uint32_t ref;                 /* mt_ref(): where it lives, for the runtime context */
+    uint8_t ndim, dtype, storage, flags;
+} mt_tensor_t;
+
+typedef struct {
+    uint8_t code, phase, n_t, n_a;
+    uint16_t tid[MT_MAX_SLOTS];
+    mt_tensor_t t[MT_MAX_SLOTS];
+    int32_t a[MT_MAX_ATTRS];
+} mt_op_t;
+
+/* ---- tensor references ----
+ * A 32-bit reference is the tensor's offset in its region (a multiple of 8) with
+ * the region in the low bits; ctx->base[region] is the region's address minus
+ * the region number, so base + ref is the tensor's address. References are the
+ * same on every platform, so the context has the same size on the host (64-bit
+ * pointers) as on a board, and the report's context_bytes is the board's. */
+enum { MT_REGION_STATE = 0, MT_REGION_ARENA = 1, MT_REGION_CONST = 2, MT_REGION_NONE = 3 };
+#define MT_REF_NONE ((uint32_t)MT_REGION_NONE)   /* an absent optional tensor: resolves to NULL */
+
+MT_INLINE void *mt_ptr(const mt_ctx_t *ctx, uint32_t ref) {
+    return (void *)(ctx->base[ref & 3u] + ref);
+}
+#define MT_F32(ctx, ref) ((float *)mt_ptr((ctx), (ref)))
+
+/* ---- runtime records ---- */
+
+/* Every record starts with this; the walker sets code and bytes, prepare sets kind. */
+typedef struct {
+    uint8_t code;
+    uint8_t kind;                 /* the implementation prepare chose (shape, layout, dtypes) */
+    uint16_t bytes;               /* size of the whole record, a multiple of 4 */
+} mt_rec_t;
+
+typedef struct {
+    int (*check)(const mt_ctx_t *ctx, const mt_op_t *op);
+    uint32_t (*prepare)(const mt_ctx_t *ctx, const mt_op_t *op, void *rec);
+    int (*run)(mt_ctx_t *ctx, const void *rec);
+} mt_opdef_t;
+
+/* by op code; NULL for codes no op has (mt_ops.c) */
+extern const mt_opdef_t *const mt_opdefs[MT_OP_MAX + 1];
+
+/* A trainable parameter, in the context's parameter table. */
+typedef struct {
+    uint32_t tensor, state_off, init_off, bytes, n, name;
+    uint32_t dim[MT_MAX_DIMS];
+    uint8_t ndim, dtype, reserved[2];
+} mt_param_rec_t;
+
+/* ---- the optimizer sink: where a parameter gradient goes (mt_optim.c) ----
+ * Straight into an SGD update of the parameter (batch 1: no gradient buffer at
+ * all), or into an accumulator that an SGD op applies when the batch ends. The
+ * mode, fixed at prepare, picks a loop with no per-element tests. */
+enum { MT_SINK_ACC, MT_SINK_SGD, MT_SINK_SGD_WD, MT_SINK_MOM, MT_SINK_MOM_WD };
+
+typedef struct {
+    uint32_t w, m, acc;           /* references; m and acc MT_REF_NONE when absent */
+    uint8_t mode, reserved[3];
+} mt_sink_rec_t;
+
+int mt_sink_check(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
+    int is_grad_op);
+void mt_sink_prepare(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
+    mt_sink_rec_t *s);
+/* Elements at..at+n of the parameter receive gradients g[i] (vec) or d * v[i] (outer). */
+void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, const float *g, uint32_t n);
+void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, float d, const float *v, uint32_t n);
+
+/* ---- sliding windows (mt_window.c): convolution and pooling geometry ---- */
+
+/* Output extent of a window sliding over in elements with pads pad0, pad1;
+ * ceil selects ceil_mode rounding; -1 if none fits. */
+int64_t mt_out_extent(int64_t in, int64_t pad0, int64_t pad1, int64_t k, int64_t dil, int64_t stride, int ceil);
+/* [*lo, *hi): the i in [0, count) with 0 <= base + i*step < extent (step >= 1).
+ * The valid taps of one window (step = dilation), or the outputs whose tap
+ * stays inside the input (step = stride): every window walk uses this. */
+MT_INLINE void mt_window_range(int32_t base, int32_t step, int32_t count, int32_t extent, int32_t *lo, int32_t *hi) {
+    int32_t a = base >= 0 ? 0 : (-base + step - 1) / step;
+    int32_t b = base <= extent - 1 ? (extent - 1 - base) / step + 1 : 0;
+    b = b < count ? b : count;
+    *lo = a < b ? a : b;
+    *hi = b;
+}
+
+/* ---- small helpers ---- */
+
+/* Every entry point starts here: an error names where it happened, never where an earlier one did. */
+MT_INLINE void mt_clear_error(mt_ctx_t *ctx) {
+    ctx->err_op = -1;
+    ctx->err_tensor = -1;
+}
+
+/* (1, C, H, W) activation */
+MT_INLINE int mt_is_nchw(const mt_tensor_t *t) {
+    return t->ndim == 4 && t->dim[0] == 1;
+}
+
+MT_INLINE int mt_in_range(int32_t v, int32_t lo, int32_t hi) {
+    return v >= lo && v <= hi;
+}
+
+/* [begin, begin + count) inside [0, total), count >= 1 */
+MT_INLINE int mt_range_ok(int32_t begin, int32_t count, uint32_t total) {
+    return begin >= 0 && count >= 1 && (int64_t)begin + count <= (int64_t)total;
+}
+
+#define MT_LIMIT 65535            /* largest window attribute (kernel, stride, pad, dilation) */
+
+uint32_t mt_rd_u32(const uint8_t *p);
+uint16_t mt_rd_u16(const uint8_t *p);
+void mt_wr_u32(uint8_t *p, uint32_t v);
+float mt_f32_from_bits(int32_t bits);
+int mt_f32_finite(float f);
+int mt_all_finite(const float *p, uint32_t n);
+const char *mt_name_of(const mt_ctx_t *ctx, uint32_t name_off, uint32_t *len);
+const mt_param_rec_t *mt_param_rec(const mt_ctx_t *ctx, uint32_t k);
+
+MT_INLINE uint8_t *mt_context(const mt_ctx_t *ctx) {
+    return ctx->ram + ctx->state_bytes + ctx->arena_bytes;
+}
+
+#endif /* MT_CORE_H */
