@@ -47,10 +47,10 @@ demo: native
 # The on-board workflow of README.md ("On a board, over serial") against the emulated
 # board: the qemu MPS2_AN500 firmware on a pseudo-terminal, as a USB serial port would be.
 SERIAL_DEMO := build/serial-demo
-serial-demo: native firmware-qemu
+serial-demo: native firmware-mps2_an500
 	@mkdir -p $(SERIAL_DEMO)
 	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
-	$(PY) -m microtrain.device.emulated qemu $(FIRMWARE_QEMU) -- sh -c '\
+	$(PY) -m microtrain.device.emulated qemu $(FIRMWARE_BUILD)/mps2_an500/firmware.elf -- sh -c '\
 	    $(PY) -m microtrain deploy $(SERIAL_DEMO)/digits.mtp --port $$PORT && \
 	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
 	    $(PY) -m microtrain train --port $$PORT --data examples/digits_user.npz --epochs 3 --checkpoint-every 100 && \

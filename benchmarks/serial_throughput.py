@@ -29,7 +29,7 @@ from microtrain.device.board import Board  # noqa: E402
 from microtrain.device.emulated import QemuBoard  # noqa: E402
 from microtrain.device.link import POLL  # noqa: E402
 
-FIRMWARE = os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf")
+FIRMWARE = os.path.join(ROOT, "build", "firmware", "mps2_an500", "firmware.elf")
 
 # a plain reader on the board: `chunks` reads of `size` bytes, one byte back after each
 RAW = """import sys, time

@@ -19,8 +19,8 @@ import microtrain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRMWARE = {
-    "qemu": os.environ.get("MICROTRAIN_FIRMWARE_QEMU") or os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf"),
-    "unix": os.environ.get("MICROTRAIN_FIRMWARE_UNIX") or os.path.join(ROOT, "build", "micropython-unix", "micropython"),
+    "qemu": os.environ.get("MICROTRAIN_FIRMWARE_QEMU") or os.path.join(ROOT, "build", "firmware", "mps2_an500", "firmware.elf"),
+    "unix": os.environ.get("MICROTRAIN_FIRMWARE_UNIX") or os.path.join(ROOT, "build", "firmware", "unix", "micropython"),
 }
 EPOCHS = 3
 SEED = 7
@@ -90,3 +90,20 @@ def assert_params_equal(got, sim, what="board"):
         assert got[k].shape == want[k].shape, (k, got[k].shape, want[k].shape)
         err = np.abs(got[k] - want[k]).max()
         assert err <= TOL * max(1.0, np.abs(want[k]).max()), "%s: %s differs from the simulator by %g" % (what, k, err)
+
+
+def run_until(cmd, marker, **kw):
+    """Start cmd, read its output until a line starting with marker, then SIGKILL it.
+    Returns the lines read (the marker's last)."""
+    import signal
+    import subprocess
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(marker):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "".join(lines)
+    return lines

@@ -196,12 +196,13 @@ def test_port_autodetection(monkeypatch):
         def __init__(self, device, vid, pid, description="x"):
             self.device, self.vid, self.pid, self.description = device, vid, pid, description
 
-    found = [P("/dev/ttyS0", None, None), P("/dev/ttyUSB0", 0x0403, 0x6001), P("/dev/ttyACM0", 0x2E8A, 0x0005)]
+    found = [P("/dev/ttyS0", None, None), P("/dev/ttyUSB0", 0x046D, 0xC52B), P("/dev/ttyACM0", 0x2E8A, 0x0005)]
     monkeypatch.setattr(serial.tools.list_ports, "comports", lambda: found)
     assert ports.find_board() == "/dev/ttyACM0"
     found.append(P("/dev/ttyACM1", 0xF055, 0x9800))
     with pytest.raises(NoDevice, match="2 MicroPython boards connected"):
         ports.find_board()
     del found[2:]
+    found.append(P("/dev/ttyACM2", 0x2E8A, 0x0003))     # a Pico in BOOTSEL mode: no REPL
     with pytest.raises(NoDevice, match="no MicroPython board found"):
         ports.find_board()

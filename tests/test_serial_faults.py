@@ -9,10 +9,8 @@ trained twice. Each test prints how many frames were resent.
 - the host killed in the middle of training, then `microtrain train --resume`
 """
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -22,7 +20,8 @@ from microtrain.device.board import Board
 from microtrain.device.emulated import Proxy
 from microtrain.device.errors import LinkError
 from microtrain.device.training import train
-from serial_support import EPOCHS, ROOT, SEED, assert_params_equal, compile_mlp, export_mlp, iris, make_board, oracle
+from serial_support import (EPOCHS, ROOT, SEED, assert_params_equal, compile_mlp, export_mlp, iris, make_board,
+                            oracle, run_until)
 
 
 @pytest.fixture(scope="module")
@@ -174,15 +173,7 @@ def test_host_killed_then_resumed(setup):
         cmd = [sys.executable, "-m", "microtrain", "train", "--port", board.port, "--data", str(d / "iris.npz"),
                "--epochs", str(EPOCHS), "--seed", str(SEED), "--checkpoint-every", "30"]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, text=True)
-        lines = []
-        for line in first.stdout:
-            lines.append(line)
-            if line.startswith("epoch 1:"):
-                first.send_signal(signal.SIGKILL)
-                break
-        first.wait()
-        assert first.returncode == -signal.SIGKILL, "".join(lines)
+        run_until(cmd, "epoch 1:", env=env, cwd=ROOT)
         second = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
         assert second.returncode == 0, second.stdout + second.stderr
         with Board(board.port) as b:

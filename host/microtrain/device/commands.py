@@ -3,7 +3,6 @@ wires their arguments). Each prints what it did; failures raise DeviceError (or
 ValueError), which the CLI prints on one line with exit status 2."""
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
@@ -121,26 +120,5 @@ def pull(args):
     if out.endswith(".npz"):
         np.savez(out, **params)
     else:
-        export_onnx(plan, params, args.onnx, out)
+        plan.export(params, args.onnx, out)
     print("wrote %d trained parameters (%s) to %s" % (len(params), ", ".join(sorted(params)), out))
-
-
-def export_onnx(plan, params, onnx_in, onnx_out):
-    """The original model with the trained parameters in it."""
-    if hasattr(plan, "export"):
-        return plan.export(params, onnx_in, onnx_out)
-    # ADAPTER(host): until Plan.export lands, replace the initializers by name. Right for
-    # plans that folded nothing (no BatchNorm) into their parameters.
-    import onnx
-    from onnx import numpy_helper
-    if not os.path.exists(onnx_in):
-        raise DataError("no ONNX model at %s" % onnx_in)
-    m = onnx.load(onnx_in)
-    inits = {i.name: i for i in m.graph.initializer}
-    missing = [k for k in params if k not in inits]
-    if missing:
-        raise DataError("%s has no initializers %s: is it the model the plan was compiled from?" % (onnx_in, missing))
-    for k, v in params.items():
-        dims = tuple(inits[k].dims)
-        inits[k].CopyFrom(numpy_helper.from_array(np.asarray(v, np.float32).reshape(dims), k))
-    onnx.save(m, onnx_out)

@@ -50,7 +50,33 @@ def _open_raw(path):
     return fd
 
 
-class QemuBoard:
+class _Emulated:
+    """What both emulated boards share: a process that a power cut kills."""
+
+    proc = None
+
+    def _kill(self):
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            _running.discard(self.proc)
+            self.proc = None
+
+    def power_on(self):
+        return self.start()
+
+    def stop(self):
+        self.power_cut()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class QemuBoard(_Emulated):
     def __init__(self, firmware, flash=None, workdir=None, qemu="qemu-system-arm"):
         if not os.path.exists(firmware):
             raise FileNotFoundError("no firmware at %s: build it with `make firmware-qemu`" % firmware)
@@ -114,35 +140,18 @@ class QemuBoard:
 
     def power_cut(self):
         """Pull the plug: qemu is killed at once; the PSRAM file keeps what was written."""
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-            _running.discard(self.proc)
-            self.proc = None
+        self._kill()
         if self._mon is not None:
             self._mon.close()
             self._mon = None
-
-    def power_on(self):
-        return self.start()
-
-    def stop(self):
-        self.power_cut()
 
     def close(self):
         self.stop()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self):
-        self.start()
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class UnixBoard:
+class UnixBoard(_Emulated):
     """The unix port on a raw pty; the board's filesystem is `workdir`. MICROPYPATH
     may put a development copy of the microtrain package before the frozen one."""
 
@@ -190,33 +199,16 @@ class UnixBoard:
     def power_cut(self):
         if self._bridge is not None:
             self._bridge.attach(None)
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            _running.discard(self.proc)
-            self.proc = None
+        self._kill()
         if self.master is not None:
             os.close(self.master)
             self.master = None
-
-    def power_on(self):
-        return self.start()
-
-    def stop(self):
-        self.power_cut()
 
     def close(self):
         self.stop()
         if self._bridge is not None:
             self._bridge.close()
             self._bridge = None
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class Proxy:

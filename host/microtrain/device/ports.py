@@ -3,24 +3,20 @@ from __future__ import annotations
 
 from .errors import NoDevice
 
-# ADAPTER(boards): USB ids of MicroPython boards, until host/microtrain/boards.py (helper
-# "boards") provides them with the board profiles. (vid, pid or None for any pid): what.
-USB_IDS = {
-    (0xF055, 0x9800): "MicroPython (pyboard and other boards with MicroPython's own USB id)",
-    (0x2E8A, 0x0005): "Raspberry Pi Pico / RP2040 running MicroPython",
-    (0x2E8A, 0x000C): "Raspberry Pi Pico 2 / RP2350 running MicroPython",
-    (0x303A, None): "Espressif ESP32-S2/S3/C3 native USB",
-    (0x10C4, 0xEA60): "CP210x USB-serial (ESP32 boards)",
-    (0x1A86, 0x7523): "CH340 USB-serial (ESP32 boards)",
-    (0x1A86, 0x55D4): "CH9102 USB-serial (ESP32 boards)",
-    (0x0483, 0x374B): "ST-LINK virtual COM port (STM32 Nucleo boards)",
-}
+def usb_ids():
+    """{(vid, pid): what} of the serial ports of MicroPython boards, from the board profiles
+    (boards/*.json); boot loaders (DFU, UF2 drives, ROM download mode) are no REPL."""
+    from ..boards import all_boards
+    ids = {}
+    for name, board in all_boards().items():
+        for u in board["usb"]:
+            if not any(w in u["what"].lower() for w in ("boot", "dfu")):
+                ids.setdefault((int(u["vid"], 16), int(u["pid"], 16)), "%s, %s" % (name, u["what"]))
+    return ids
 
 
-def _known(p):
-    if p.vid is None:
-        return None
-    return USB_IDS.get((p.vid, p.pid)) or USB_IDS.get((p.vid, None))
+def _known(p, ids):
+    return None if p.vid is None else ids.get((p.vid, p.pid))
 
 
 def describe_ports():
@@ -37,10 +33,11 @@ def find_board():
     """The one MicroPython board connected over USB, as mpremote's `connect auto` finds
     it, but by known USB ids. NoDevice when there is none or more than one."""
     import serial.tools.list_ports
-    found = [p for p in sorted(serial.tools.list_ports.comports(), key=lambda p: p.device) if _known(p)]
+    ids = usb_ids()
+    found = [p for p in sorted(serial.tools.list_ports.comports(), key=lambda p: p.device) if _known(p, ids)]
     if len(found) == 1:
         return found[0].device
     if not found:
         raise NoDevice("no MicroPython board found over USB (%s); connect one or give --port" % describe_ports())
     raise NoDevice("%d MicroPython boards connected (%s); choose one with --port"
-                   % (len(found), ", ".join("%s: %s" % (p.device, _known(p)) for p in found)))
+                   % (len(found), ", ".join("%s: %s" % (p.device, _known(p, ids)) for p in found)))

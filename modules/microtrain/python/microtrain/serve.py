@@ -104,11 +104,7 @@ class Server:
         self.ce = self.t.info()["loss"] == "cross-entropy"
         self.out = array("f", bytes(4 * self.t.output_len))
         self.loss_out = array("f", [0])
-        try:
-            self.ck = checkpoint.Checkpoint(self.t, CKPT_PATH)
-        except AttributeError:  # ADAPTER(state API): a Trainer without save_state/load_state
-            self.ck = None
-            return
+        self.ck = checkpoint.Checkpoint(self.t, CKPT_PATH)
         try:
             meta = self.ck.restore()
         except Exception as e:  # a checkpoint the trainer refuses: start from the plan
@@ -125,8 +121,6 @@ class Server:
 
     def checkpoints(self):
         self.trainer()
-        if self.ck is None:     # ADAPTER(state API)
-            raise ValueError("this firmware's Trainer has no save_state/load_state: no checkpoints")
         return self.ck
 
     def checkpoint_meta(self):
@@ -215,7 +209,7 @@ class Server:
         d = self.facts()
         if self.t is not None:
             d["trainer"] = self.t.info()
-            d["checkpoint"] = self.ck.meta() if self.ck is not None else None
+            d["checkpoint"] = self.ck.meta()
         return json.dumps(d).encode()
 
     def plan_begin(self, p):
@@ -294,8 +288,7 @@ class Server:
         else:
             t.reset()
             self.run, self.samples, self.params = run, 0, None
-            if self.ck is not None:     # ADAPTER(state API): always, once it lands
-                self.ck.save(self.checkpoint_meta())    # a reset from now on comes back to here
+            self.ck.save(self.checkpoint_meta())    # a reset from now on comes back to here
         return json.dumps({"run": self.run, "samples": self.samples}).encode()
 
     def train(self, p):
