@@ -71,7 +71,7 @@ def test_personalise_on_qemu(plan):
         for f in ("sensor.py", "personalise.py"):
             with open(os.path.join(EXAMPLE, f), "rb") as src:
                 b.transport.fs_writefile(f, src.read())
-        out = b.transport.exec("exec(open('personalise.py').read())").decode()
+        out = b.transport.exec("exec(open('personalise.py').read(), {})").decode()
         b.transport.exit_raw_repl()
         b.transport.close()
         with Board(board.port) as b:

@@ -12,7 +12,7 @@ from .errors import BoardError, BoardReset, LinkError
 
 # What the board prints when it (re)starts or sits at a REPL prompt: bytes outside
 # frames that mean the server is no longer there.
-REPL_SIGNS = (b"MicroPython v", b"raw REPL; CTRL-B", b"\n>>> ")
+REPL_SIGNS = (b"MicroPython v", b"raw REPL; CTRL-B", b"\n>>> ", b"Traceback (most recent call last)")
 POLL = 0.005            # seconds of one wait for bytes
 
 

@@ -411,6 +411,7 @@ def serve(rx=None, tx=None):
     rx = rx or sys.stdin.buffer
     tx = tx or sys.stdout.buffer
     micropython.kbd_intr(-1)        # 0x03 in the data is data, not Ctrl-C
+    gc.collect()
     try:
         Server(rx, tx).serve()
     except EOFError:
