@@ -82,7 +82,8 @@ def raw_rate(board, size, chunks, ack):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=400)
-    ap.add_argument("--hidden", type=int, default=96, help="MLP 64-H-10 trained in full; 96 takes about 1 ms a step")
+    ap.add_argument("--hidden", type=int, default=96, help="MLP 64-H-10 trained in full (96: 0.4-1.4 ms a step on qemu, "
+                    "depending on the core version and the host's load; the step time is printed)")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs of each (the machine is shared)")
     ap.add_argument("--firmware", default=FIRMWARE)
     args = ap.parse_args()
