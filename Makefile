@@ -10,7 +10,7 @@ CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
 NATIVE_STAMP := build/native.stamp
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table
+.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table serial-demo
 
 all: native
 
@@ -43,6 +43,19 @@ demo: native
 	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(DEMO_PLAN) --update last-layer --lr 0.05 --momentum 0.9
 	$(PY) -m microtrain report $(DEMO_PLAN) --svg build/digits-arena.svg
 	$(PY) -m microtrain simulate $(DEMO_PLAN) --data examples/digits_user.npz --epochs 5
+
+# The on-board workflow of README.md ("On a board, over serial") against the emulated
+# board: the qemu MPS2_AN500 firmware on a pseudo-terminal, as a USB serial port would be.
+SERIAL_DEMO := build/serial-demo
+serial-demo: native firmware-mps2_an500
+	@mkdir -p $(SERIAL_DEMO)
+	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
+	$(PY) -m microtrain.device.emulated qemu $(FIRMWARE_BUILD)/mps2_an500/firmware.elf -- sh -c '\
+	    $(PY) -m microtrain deploy $(SERIAL_DEMO)/digits.mtp --port $$PORT && \
+	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
+	    $(PY) -m microtrain train --port $$PORT --data examples/digits_user.npz --epochs 3 --checkpoint-every 100 && \
+	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
+	    $(PY) -m microtrain pull --port $$PORT --onnx examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits_trained.onnx'
 
 test: native firmware rp2040js
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs

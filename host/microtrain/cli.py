@@ -1,4 +1,5 @@
-"""The microtrain command: compile, report, simulate, export.
+"""The microtrain command: compile, report, simulate, export; deploy, train, eval, pull
+(device/commands.py).
 
 Every error a user can cause ends in one line on stderr, "microtrain CMD: error: ...",
 naming the file, array or option, the offending value and what to do, and exit
@@ -293,11 +294,14 @@ def parser():
     f.add_argument("--image", help="firmware image (default: build/firmware/NAME/<image>)")
     f.add_argument("--dry-run", action="store_true", help="print the command only")
     f.set_defaults(func=_flash)
+    from .device.commands import add_arguments as add_board_commands
+    add_board_commands(sub)     # deploy, train, eval, pull: microtrain.device.commands
     return p
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    from .device.errors import DeviceError
     from .training import InternalError
     try:
         args.func(args)
@@ -310,7 +314,7 @@ def main(argv=None):
     except InternalError as e:
         print("microtrain %s: %s" % (args.cmd, e), file=sys.stderr)
         return 3
-    except (ValueError, TypeError, NotImplementedError) as e:
+    except (ValueError, TypeError, NotImplementedError, DeviceError) as e:
         print("microtrain %s: error: %s" % (args.cmd, e), file=sys.stderr)
         return 2
     except OSError as e:
