@@ -289,13 +289,13 @@ def parser():
     b.set_defaults(func=_boards)
     f = sub.add_parser("flash", help="write a board's firmware (make firmware BOARD=NAME) with its family's tool",
                        formatter_class=fmt)
-    f.add_argument("--board", required=True, metavar="NAME")
-    f.add_argument("--port", help="serial port (esptool)")
-    f.add_argument("--image", help="firmware image (default: build/firmware/NAME/<image>)")
-    f.add_argument("--dry-run", action="store_true", help="print the command only")
+    f.add_argument("--board", required=True, metavar="NAME", help="board profile to flash (microtrain boards)")
+    f.add_argument("--port", help="serial port of the board (esptool needs it)")
+    f.add_argument("--image", help="firmware image to write (default: build/firmware/NAME/<image>)")
+    f.add_argument("--dry-run", action="store_true", help="print the flashing command, run nothing")
     f.set_defaults(func=_flash)
     from .device.commands import add_arguments as add_board_commands
-    add_board_commands(sub)     # deploy, train, eval, pull: microtrain.device.commands
+    add_board_commands(sub, fmt)     # deploy, train, eval, pull: microtrain.device.commands
     return p
 
 

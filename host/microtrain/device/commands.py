@@ -10,20 +10,20 @@ import numpy as np
 from .errors import DataError
 
 
-def add_arguments(sub):
-    """Add the board commands to the CLI's subparsers."""
+def add_arguments(sub, formatter_class):
+    """Add the board commands to the CLI's subparsers (formatter_class shows defaults)."""
     def port_args(p):
         p.add_argument("--port", help="serial port of the board (default: the one MicroPython board on USB)")
         p.add_argument("--baud", type=int, default=115200, help="baud rate for UART-attached boards")
 
-    d = sub.add_parser("deploy", help="put a plan on a board over serial")
+    d = sub.add_parser("deploy", formatter_class=formatter_class, help="put a plan on a board over serial")
     d.add_argument("plan", help="plan file (.mtp)")
     port_args(d)
     d.set_defaults(func=deploy)
 
-    t = sub.add_parser("train", help="train the board's plan on data streamed over serial")
+    t = sub.add_parser("train", formatter_class=formatter_class, help="train the board's plan on data streamed over serial")
     t.add_argument("--data", required=True, help=".npz with x (samples first) and y")
-    t.add_argument("--epochs", type=int, default=1)
+    t.add_argument("--epochs", type=int, default=1, help="passes over the data")
     t.add_argument("--seed", type=int, default=0, help="shuffle seed (the same as `simulate`'s)")
     t.add_argument("--resume", action="store_true", help="carry on with the board's run on this data and seed")
     t.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
@@ -33,12 +33,12 @@ def add_arguments(sub):
     port_args(t)
     t.set_defaults(func=train)
 
-    e = sub.add_parser("eval", help="accuracy (or mse) of the board's model on data")
+    e = sub.add_parser("eval", formatter_class=formatter_class, help="accuracy (or mse) of the board's model on data")
     e.add_argument("--data", required=True, help=".npz with x and y (x_test, y_test if present)")
     port_args(e)
     e.set_defaults(func=evaluate)
 
-    p = sub.add_parser("pull", help="read the trained parameters back from a board")
+    p = sub.add_parser("pull", formatter_class=formatter_class, help="read the trained parameters back from a board")
     p.add_argument("-o", "--output", required=True, help="TRAINED.onnx (with --onnx) or params.npz")
     p.add_argument("--onnx", metavar="MODEL.onnx", help="the model the plan was compiled from")
     port_args(p)
