@@ -155,6 +155,19 @@ static MP_NORETURN void raise_len(const char *what, size_t have, const char *rol
 /* Get a float32 buffer from obj (array('f'), or a byte buffer of 4k bytes) and
  * return its length in floats. what names the argument in error messages. */
 static size_t get_f32(mp_obj_t obj, mp_buffer_info_t *bi, mp_uint_t flags, const char *what) {
+    #if !MICROPY_ENABLE_DYNRUNTIME && MICROPY_PY_ARRAY
+    /* array('f'), the common case on every step: its fields directly, as objarray.c's
+     * own buffer function would give them (an array is always writable) */
+    if (mp_obj_is_type(obj, &mp_type_array)) {
+        mp_obj_array_t *a = MP_OBJ_TO_PTR(obj);
+        if (a->typecode == 'f') {
+            bi->buf = a->items;
+            bi->len = a->len * sizeof(float);
+            bi->typecode = 'f';
+            return a->len;
+        }
+    }
+    #endif
     /* a str lends its UTF-8 bytes as a buffer, but is never float32 data */
     if (mp_obj_is_str(obj) || !mp_get_buffer(obj, bi, flags)) {
         mt_msg_t m;
