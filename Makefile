@@ -10,7 +10,7 @@ CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
 NATIVE_STAMP := build/native.stamp
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean
+.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table serial-demo
 
 all: native
 
@@ -44,8 +44,51 @@ demo: native
 	$(PY) -m microtrain report $(DEMO_PLAN) --svg build/digits-arena.svg
 	$(PY) -m microtrain simulate $(DEMO_PLAN) --data examples/digits_user.npz --epochs 5
 
-test: native firmware
+# The on-board workflow of README.md ("On a board, over serial") against the emulated
+# board: the qemu MPS2_AN500 firmware on a pseudo-terminal, as a USB serial port would be.
+SERIAL_DEMO := build/serial-demo
+serial-demo: native firmware-mps2_an500
+	@mkdir -p $(SERIAL_DEMO)
+	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
+	$(PY) -m microtrain.device.emulated qemu $(FIRMWARE_BUILD)/mps2_an500/firmware.elf -- sh -c '\
+	    $(PY) -m microtrain deploy $(SERIAL_DEMO)/digits.mtp --port $$PORT && \
+	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
+	    $(PY) -m microtrain train --port $$PORT --data examples/digits_user.npz --epochs 3 --checkpoint-every 100 && \
+	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
+	    $(PY) -m microtrain pull --port $$PORT --onnx examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits_trained.onnx'
+
+test: native firmware rp2040js
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
+
+# Speed figures, not part of `make test` (the bench helper's target): exact instruction
+# counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host
+# simulator vs PyTorch time. Writes bench/results.json and docs/performance.md; see
+# benchmarks/bench.py. Counts run on the boards' test firmware, and plans too big for its
+# heap (MCUNet) on a second build of the same board with a bigger heap.
+BENCH_BOARDS ?= mps2_an500 mps2_an385
+BENCH_HEAP ?= 2097152
+BENCH_BIG_BUILD = $(MICROTRAIN_BUILD)/bench-bigheap
+bench: native
+	+$(MAKE) $(addprefix firmware-,$(BENCH_BOARDS))
+	+$(MAKE) $(addprefix firmware-,$(BENCH_BOARDS)) FIRMWARE_BUILD=$(BENCH_BIG_BUILD) \
+	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(BENCH_HEAP)"
+	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS) $(foreach b,$(BENCH_BOARDS),\
+	    --firmware $(b)=$(FIRMWARE_BUILD)/$(b)/firmware.elf --big-firmware $(b)=$(BENCH_BIG_BUILD)/$(b)/firmware.elf)
+	$(PY) benchmarks/perfdoc.py
+
+# rp2040js (npm, pinned by tests/rp2040js/package-lock.json) runs the Pico firmware in the tests
+RP2040JS_STAMP := tests/rp2040js/node_modules/.installed
+$(RP2040JS_STAMP): tests/rp2040js/package.json tests/rp2040js/package-lock.json
+	@if command -v npm >/dev/null; then \
+	    cd tests/rp2040js && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "microtrain: no npm; the rp2040js device tests will not run (apt-get install nodejs npm)"; fi
+rp2040js: $(RP2040JS_STAMP)
+
+# docs/boards.md's table: image sizes of build/firmware/*, free heap measured at boot on every
+# board that runs here (unix, qemu, rp2040js), status; --update-profiles writes the measured
+# heap into boards/*.json too
+boards-table: native
+	$(PY) firmware/boards_table.py --update-profiles
 
 clean: firmware-clean
 	rm -rf build host/build host/microtrain/_native*.so host/microtrain/_native.c .pytest_cache

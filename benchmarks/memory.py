@@ -15,8 +15,9 @@ import sys
 
 import microtrain
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TTE = os.path.join(ROOT, "..", "shared", "models", "tte")
+from bench_models import ROOT, tte_dir
+
+TTE = tte_dir() or ""
 DEFAULTS = [os.path.join(ROOT, "examples", "digits_cnn.onnx")] + [
     os.path.join(TTE, m) for m in ("mcunet-5fps.onnx", "mbv2-w0.35.onnx") if os.path.exists(os.path.join(TTE, m))]
 MODES = ["last-layer", "last:2", "bias", "full"]

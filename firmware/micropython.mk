@@ -1,58 +1,76 @@
-# MicroPython firmware with the microtrain module built in.
+# MicroPython firmware with the microtrain module built in, driven by the board profiles.
 #
-# Include this from the top-level Makefile:
-#     include firmware/micropython.mk
-# Targets:
-#     firmware-unix    build/micropython-unix/micropython   (host executable)
-#     firmware-qemu    build/micropython-qemu/firmware.elf  (Cortex-M7, qemu mps2-an500)
-#     firmware         both
-#     firmware-natmod  build/natmod-$(NATMOD_ARCH)/microtrain.mpy (native module, NATMOD_ARCH=x64 by default)
-#     firmware-check   report the MicroPython checkout and its version
-#     firmware-clean   remove both build directories
-# Every path and flag below is overridable on the command line, e.g.
-#     make firmware-unix MICROPY_DIR=~/src/micropython
-# See firmware/README.md.
+# Included by the top-level Makefile. Targets:
+#     micropython              get MicroPython v1.28.0 into MICROPY_DIR (firmware/fetch-sources.sh)
+#     firmware BOARD=NAME      build/firmware/NAME/: MicroPython for the board in boards/NAME.json,
+#                              with the C module _microtrain and the frozen package microtrain
+#     firmware-NAME            the same (e.g. firmware-rpi_pico)
+#     firmware                 (no BOARD) what the device tests run on: FIRMWARE_TEST_BOARDS,
+#                              the native modules NATMOD_TEST_ARCHS and CircuitPython's unix port
+#     firmware-all             every board that builds here (FIRMWARE_ALL_BOARDS)
+#     natmod NATMOD_ARCH=ARCH  build/natmod/ARCH/_microtrain.mpy; `natmods`: every architecture
+#     firmware-circuitpython   build/firmware/circuitpython-unix/micropython (CircuitPython 10.2.1)
+#     firmware-check           the MicroPython checkout and its version
+#     firmware-clean
+# Every board builds through one pattern rule; what differs between boards is data in
+# boards/*.json (port, BOARD, build system, submodules, extra make arguments, base manifest),
+# read through `host/microtrain/boards.py --make`. See firmware/README.md.
 
 # Including this file does not change the including Makefile's default goal.
 MICROTRAIN_SAVED_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 
 # The repository root: this file lives in <root>/firmware/.
 MICROTRAIN_ROOT := $(patsubst %/,%,$(dir $(abspath $(dir $(lastword $(MAKEFILE_LIST))))))
+MICROTRAIN_FIRMWARE_MK := $(abspath $(lastword $(MAKEFILE_LIST)))
+MICROTRAIN_CACHE ?= $(HOME)/.cache/microtrain
 
-MICROPY_DIR ?= $(HOME)/.cache/microtrain/micropython
+MICROPY_DIR ?= $(MICROTRAIN_CACHE)/micropython
 MICROPY_TAG := v1.28.0
 MICROPY_VERSION_WANT := $(patsubst v%,%,$(MICROPY_TAG))
+# A MicroPython source tarball to unpack when MICROPY_DIR is empty (else git clone, else the
+# vendored one); passed to firmware/fetch-sources.sh through the environment.
+MICROPY_TARBALL ?=
+export MICROPY_TARBALL
+CIRCUITPY_DIR ?= $(MICROTRAIN_CACHE)/circuitpython-10.2.1
+# picotool (pico-sdk makes UF2 images with it), built once from the vendored source
+PICOTOOL_PREFIX ?= $(MICROTRAIN_CACHE)/picotool-282a3ca0
 
 MICROTRAIN_BUILD ?= $(MICROTRAIN_ROOT)/build
+FIRMWARE_BUILD ?= $(MICROTRAIN_BUILD)/firmware
+NATMOD_BUILD ?= $(MICROTRAIN_BUILD)/natmod
 MICROTRAIN_USER_C_MODULES ?= $(MICROTRAIN_ROOT)/modules
+FETCH := $(MICROTRAIN_ROOT)/firmware/fetch-sources.sh
 
-FIRMWARE_UNIX_BUILD ?= $(MICROTRAIN_BUILD)/micropython-unix
-FIRMWARE_UNIX_VARIANT ?= standard
-FIRMWARE_UNIX_ARGS ?= FROZEN_MANIFEST= MICROPY_PY_BTREE=0 MICROPY_PY_SSL=0 MICROPY_SSL_AXTLS=0 MICROPY_PY_FFI=0
-
-FIRMWARE_QEMU_BUILD ?= $(MICROTRAIN_BUILD)/micropython-qemu
-FIRMWARE_QEMU_BOARD ?= MPS2_AN500
-FIRMWARE_QEMU_ARGS ?= FROZEN_MANIFEST=
-
+FIRMWARE_TEST_BOARDS ?= unix mps2_an385 mps2_an386 mps2_an500 rpi_pico
+FIRMWARE_ALL_BOARDS ?= $(FIRMWARE_TEST_BOARDS) pybv11 nucleo_f746zg
+NATMOD_TEST_ARCHS ?= x64 armv7m armv7emsp armv7emdp armv6m
+NATMOD_ALL_ARCHS ?= $(NATMOD_TEST_ARCHS) xtensawin
 NATMOD_ARCH ?= x64
-FIRMWARE_NATMOD_BUILD ?= $(MICROTRAIN_BUILD)/natmod-$(NATMOD_ARCH)
+
+# The Python that runs MicroPython's tools (mpy_ld.py needs pyelftools): the project's
+# venv when there is one (the top-level Makefile's PY).
+MICROTRAIN_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 
 # Extra arguments for MicroPython's make (e.g. V=1 or COPT=-O0).
 FIRMWARE_MAKE_ARGS ?=
 
-FIRMWARE_UNIX = $(FIRMWARE_UNIX_BUILD)/micropython
-FIRMWARE_QEMU = $(FIRMWARE_QEMU_BUILD)/firmware.elf
 MICROTRAIN_MPY_CROSS = $(MICROPY_DIR)/mpy-cross/build/mpy-cross
-
-# Absolute forms for the recipes: MicroPython's make runs in its own directory.
 MICROTRAIN_MPY_ABS = $(abspath $(MICROPY_DIR))
 MICROTRAIN_MODULES_ABS = $(abspath $(MICROTRAIN_USER_C_MODULES))
 
-# The module's sources: a change here rebuilds; a change in the set of files
-# (or in the settings below) starts from a clean build directory, since
+# The module's sources and the frozen package: a change here rebuilds; a change in the set
+# of files (or in a board's settings) starts from a clean build directory, since
 # MicroPython's generated headers do not follow a changing module set.
-MICROTRAIN_MODULE_FILES = $(sort $(wildcard $(MICROTRAIN_USER_C_MODULES)/*/*.c $(MICROTRAIN_USER_C_MODULES)/*/*.h $(MICROTRAIN_USER_C_MODULES)/*/micropython.mk))
-MICROTRAIN_FIRMWARE_MK := $(abspath $(lastword $(MAKEFILE_LIST)))
+MICROTRAIN_MODULE_FILES = $(sort $(wildcard $(MICROTRAIN_USER_C_MODULES)/*/*.c $(MICROTRAIN_USER_C_MODULES)/*/*.h \
+	$(MICROTRAIN_USER_C_MODULES)/*/micropython.mk $(MICROTRAIN_USER_C_MODULES)/*/micropython.cmake \
+	$(MICROTRAIN_USER_C_MODULES)/*/manifest.py $(MICROTRAIN_USER_C_MODULES)/*/python/*/*.py))
+
+# The profiles as make variables: MT_BOARDS, MT_<FIELD>_<name> (boards.py --make).
+MICROTRAIN_PROFILES_MK := $(MICROTRAIN_BUILD)/boards.mk
+$(MICROTRAIN_PROFILES_MK): $(wildcard $(MICROTRAIN_ROOT)/boards/*.json) $(MICROTRAIN_ROOT)/host/microtrain/boards.py
+	@mkdir -p $(@D)
+	python3 $(MICROTRAIN_ROOT)/host/microtrain/boards.py --make > $@.tmp && mv $@.tmp $@
+include $(MICROTRAIN_PROFILES_MK)
 
 # MicroPython's make gets only our explicit arguments and the parent's jobserver:
 # variables set on the parent's command line (`make test CFLAGS=...`) are taken
@@ -66,22 +84,80 @@ MICROTRAIN_SUBMAKE = env $(addprefix -u ,$(MICROTRAIN_CMDLINE_VARS)) \
 # 1.28.0 from py/mpconfig.h, empty if there is no checkout.
 MICROPY_VERSION_FOUND := $(shell awk '/^\#define MICROPY_VERSION_(MAJOR|MINOR|MICRO) /{v = v (v == "" ? "" : ".") $$3} END {print v}' "$(MICROPY_DIR)/py/mpconfig.h" 2>/dev/null)
 
-.PHONY: firmware firmware-unix firmware-qemu firmware-natmod firmware-check firmware-clean microtrain-firmware-force
+# Vendored sources (firmware/fetch-sources.sh vendor): with them a fresh machine gets
+# MicroPython without the network, so the firmware targets fetch it themselves.
+MICROTRAIN_VENDOR_FOUND := $(shell $(FETCH) vendor 2>/dev/null)
+
+# BOARD=RPI_PICO or rpi_pico names boards/rpi_pico.json
+BOARD ?=
+MT_BOARD_NAME = $(shell echo '$(BOARD)' | tr 'A-Z-' 'a-z_')
+
+MICROTRAIN_FW_TARGETS := firmware firmware-all firmware-check natmod natmods firmware-circuitpython \
+	$(addprefix firmware-,$(MT_BOARDS)) firmware-qemu firmware-natmod natmods-test
+
+.PHONY: micropython $(MICROTRAIN_FW_TARGETS) firmware-clean microtrain-firmware-force
+
+micropython:
+	@$(FETCH) micropython "$(MICROPY_DIR)"
 
 firmware-clean:
-	rm -rf "$(FIRMWARE_UNIX_BUILD)" "$(FIRMWARE_QEMU_BUILD)" "$(MICROTRAIN_BUILD)"/natmod-*
+	rm -rf "$(FIRMWARE_BUILD)" "$(NATMOD_BUILD)" "$(MICROTRAIN_BUILD)/micropython-unix" "$(MICROTRAIN_BUILD)/micropython-qemu"
 
 ifeq ($(wildcard $(MICROPY_DIR)/py/mpconfig.h),)
+ifneq ($(MICROPY_TARBALL)$(MICROTRAIN_VENDOR_FOUND),)
 
-# No checkout: say so once and succeed, so `make` works without MicroPython.
-firmware firmware-unix firmware-qemu firmware-natmod firmware-check:
-	@echo "microtrain: no MicroPython checkout at $(MICROPY_DIR); set MICROPY_DIR (see firmware/README.md); skipping $@"
+# No checkout, but sources at hand: get them, then build.
+$(MICROTRAIN_FW_TARGETS): micropython
+	+@$(MICROTRAIN_SUBMAKE) -f $(firstword $(MAKEFILE_LIST)) $@ MICROPY_DIR="$(MICROPY_DIR)" $(if $(BOARD),BOARD=$(BOARD))
 
 else
 
-firmware: firmware-unix firmware-qemu
-firmware-unix: $(FIRMWARE_UNIX)
-firmware-qemu: $(FIRMWARE_QEMU)
+# No checkout: say so once and succeed, so `make` works without MicroPython.
+$(MICROTRAIN_FW_TARGETS):
+	@echo "microtrain: no MicroPython checkout at $(MICROPY_DIR); run \`make micropython\` or set MICROPY_DIR (see firmware/README.md); skipping $@"
+
+endif
+else
+
+# `make firmware` (no BOARD) leaves out, with a message, the boards whose toolchain is not
+# installed, so `make test` still runs everything else (and the tests say what is missing).
+MT_HAVE_ARM := $(shell command -v arm-none-eabi-gcc)
+MT_HAVE_CMAKE := $(shell command -v cmake)
+mt_toolchain_missing = $(if $(filter-out unix,$(MT_PORT_$(1))),$(if $(MT_HAVE_ARM),,arm-none-eabi-gcc))$(if \
+	$(filter cmake,$(MT_BUILD_$(1))),$(if $(MT_HAVE_CMAKE),, cmake))
+FIRMWARE_TEST_HERE := $(foreach b,$(FIRMWARE_TEST_BOARDS),$(if $(call mt_toolchain_missing,$(b)),,$(b)))
+FIRMWARE_TEST_NOT_HERE := $(filter-out $(FIRMWARE_TEST_HERE),$(FIRMWARE_TEST_BOARDS))
+
+ifeq ($(BOARD),)
+firmware: $(addprefix firmware-,$(FIRMWARE_TEST_HERE)) $(if $(MT_HAVE_ARM),natmods-test,$(NATMOD_BUILD)/x64/_microtrain.mpy) \
+		firmware-circuitpython
+	@$(foreach b,$(FIRMWARE_TEST_NOT_HERE),echo "microtrain: skipping firmware $(b): no $(call mt_toolchain_missing,$(b)) (see firmware/README.md)";)
+firmware: microtrain-v0-links
+else ifeq ($(filter $(MT_BOARD_NAME),$(MT_BOARDS)),)
+firmware:
+	@echo "microtrain: no board profile boards/$(MT_BOARD_NAME).json; the boards are: $(MT_BOARDS)"; exit 2
+else
+firmware: firmware-$(MT_BOARD_NAME)
+endif
+firmware-all: $(addprefix firmware-,$(FIRMWARE_ALL_BOARDS)) natmods firmware-circuitpython
+# v0's paths (build/micropython-unix, build/micropython-qemu), which benchmarks and
+# tests/test_bench.py use, as links to the boards' build directories
+microtrain-v0-links: $(addprefix firmware-,$(filter unix mps2_an500,$(FIRMWARE_TEST_HERE)))
+	@$(if $(filter unix,$(FIRMWARE_TEST_HERE)),$(call mt_link,firmware/unix,$(MICROTRAIN_BUILD)/micropython-unix))
+	@$(if $(filter mps2_an500,$(FIRMWARE_TEST_HERE)),$(call mt_link,firmware/mps2_an500,$(MICROTRAIN_BUILD)/micropython-qemu))
+# $(call mt_link,target,link): a link in place of whatever is there (v0 left directories)
+mt_link = { [ -L "$(2)" ] || rm -rf "$(2)"; ln -sfn "$(1)" "$(2)"; }
+.PHONY: microtrain-v0-links
+
+# v0's qemu target, kept for `make bench`: the qemu BOARD FIRMWARE_QEMU_BOARD, built by the
+# pattern rule; with FIRMWARE_QEMU_BUILD, in a tree of its own (<dir>.d, for other make
+# arguments such as a bigger heap) that <dir> links to.
+FIRMWARE_QEMU_BOARD ?= MPS2_AN500
+FIRMWARE_QEMU_BUILD ?=
+firmware-qemu:
+	+$(MICROTRAIN_SUBMAKE) -f $(firstword $(MAKEFILE_LIST)) firmware BOARD=$(FIRMWARE_QEMU_BOARD) MICROPY_DIR="$(MICROPY_DIR)" \
+	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS)" $(if $(FIRMWARE_QEMU_BUILD),FIRMWARE_BUILD="$(abspath $(FIRMWARE_QEMU_BUILD)).d")
+	@$(if $(FIRMWARE_QEMU_BUILD),$(call mt_link,$(notdir $(FIRMWARE_QEMU_BUILD)).d/$(shell echo '$(FIRMWARE_QEMU_BOARD)' | tr 'A-Z-' 'a-z_'),$(FIRMWARE_QEMU_BUILD)))
 
 firmware-check:
 	@echo "microtrain: MicroPython $(MICROPY_VERSION_FOUND) at $(MICROPY_DIR) (want $(MICROPY_TAG))"
@@ -110,46 +186,72 @@ microtrain_config = \
 	    mv "$(1)/microtrain.config.new" "$(1)/microtrain.config"; \
 	fi
 
-FIRMWARE_UNIX_CONFIG = '$(MICROTRAIN_MPY_ABS)' '$(MICROPY_VERSION_FOUND)' '$(FIRMWARE_UNIX_VARIANT)' '$(FIRMWARE_UNIX_ARGS)' '$(FIRMWARE_MAKE_ARGS)' $(MICROTRAIN_MODULE_FILES)
-FIRMWARE_QEMU_CONFIG = '$(MICROTRAIN_MPY_ABS)' '$(MICROPY_VERSION_FOUND)' '$(FIRMWARE_QEMU_BOARD)' '$(FIRMWARE_QEMU_ARGS)' '$(FIRMWARE_MAKE_ARGS)' $(MICROTRAIN_MODULE_FILES)
-
-$(FIRMWARE_UNIX_BUILD)/microtrain.config: microtrain-firmware-force
-	@$(call microtrain_config,$(FIRMWARE_UNIX_BUILD),$(FIRMWARE_UNIX_CONFIG))
-
-$(FIRMWARE_QEMU_BUILD)/microtrain.config: microtrain-firmware-force
-	@$(call microtrain_config,$(FIRMWARE_QEMU_BUILD),$(FIRMWARE_QEMU_CONFIG))
-
 $(MICROTRAIN_MPY_CROSS):
 	@echo "microtrain: building mpy-cross in $(MICROPY_DIR)/mpy-cross"
 	+@$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/mpy-cross" $(FIRMWARE_MAKE_ARGS)
 
-# MicroPython's make is itself incremental; the touch keeps this rule from
-# rerunning it when nothing relinked.
-$(FIRMWARE_UNIX): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_UNIX_BUILD)/microtrain.config | $(MICROTRAIN_MPY_CROSS)
+# ---- the board firmware: one pattern rule for every profile ---------------------------------
+
+# MicroPython's make arguments for board $*: make ports take the directory holding
+# microtrain/, CMake ports the module's micropython.cmake; a board definition of ours
+# (boards/qemu/MPS2_AN386) comes in as BOARD_DIR. The frozen manifest is generated next to the
+# build: the board's own manifest (MT_BASE_MANIFEST_*) plus modules/microtrain/manifest.py.
+mt_user_c_modules = $(if $(filter cmake,$(MT_BUILD_$*)),$(MICROTRAIN_MODULES_ABS)/microtrain/micropython.cmake,$(MICROTRAIN_MODULES_ABS))
+mt_port_args = BUILD="$(abspath $(@D))" \
+	$(if $(MT_BOARD_$*),BOARD=$(MT_BOARD_$*)) $(if $(MT_VARIANT_$*),VARIANT=$(MT_VARIANT_$*)) \
+	$(if $(MT_BOARD_DIR_$*),BOARD_DIR="$(MICROTRAIN_ROOT)/$(MT_BOARD_DIR_$*)") \
+	USER_C_MODULES="$(mt_user_c_modules)" FROZEN_MANIFEST="$(abspath $(@D))/manifest.py" \
+	$(MT_MAKE_ARGS_$*) $(FIRMWARE_MAKE_ARGS)
+# rp2: pico-sdk finds our picotool instead of trying to clone and build its own
+mt_port_env = $(if $(filter rp2,$(MT_PORT_$*)),picotool_DIR="$(PICOTOOL_PREFIX)/lib/cmake/picotool")
+mt_config = '$(MICROTRAIN_MPY_ABS)' '$(MICROPY_VERSION_FOUND)' '$(mt_port_args)' $(MICROTRAIN_MODULE_FILES)
+
+.PRECIOUS: $(FIRMWARE_BUILD)/%/microtrain.config
+$(FIRMWARE_BUILD)/%/microtrain.config: microtrain-firmware-force
+	@$(call microtrain_config,$(@D),$(mt_config))
+
+$(addprefix firmware-,$(MT_BOARDS)): firmware-%: $(FIRMWARE_BUILD)/%/.built
+
+.SECONDEXPANSION:
+$(FIRMWARE_BUILD)/%/.built: $(MICROTRAIN_ROOT)/boards/%.json $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) \
+		$$(if $$(MT_BOARD_DIR_$$*),$$(wildcard $(MICROTRAIN_ROOT)/$$(MT_BOARD_DIR_$$*)/*)) $(FIRMWARE_BUILD)/%/microtrain.config | $(MICROTRAIN_MPY_CROSS)
 	@$(microtrain_check_version)
-	+$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/unix" BUILD="$(abspath $(FIRMWARE_UNIX_BUILD))" VARIANT="$(FIRMWARE_UNIX_VARIANT)" \
-	    USER_C_MODULES="$(MICROTRAIN_MODULES_ABS)" $(FIRMWARE_UNIX_ARGS) $(FIRMWARE_MAKE_ARGS)
+	@$(FETCH) submodules "$(MICROPY_DIR)" $(MT_SUBMODULES_$*)
+	@$(if $(filter rp2,$(MT_PORT_$*)),$(FETCH) picotool "$(PICOTOOL_PREFIX)" "$(MICROTRAIN_MPY_ABS)/lib/pico-sdk")
+	@printf '%s\n' '# generated by firmware/micropython.mk: what firmware $* freezes' \
+	    $(if $(MT_BASE_MANIFEST_$*),'include("$(MT_BASE_MANIFEST_$*)")') \
+	    'include("$(MICROTRAIN_MODULES_ABS)/microtrain/manifest.py")' > "$(@D)/manifest.py"
+	+$(mt_port_env) $(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/$(MT_PORT_$*)" $(mt_port_args)
+	@test -f "$(@D)/$(MT_IMAGE_$*)" || { echo "microtrain: the build left no $(@D)/$(MT_IMAGE_$*)"; exit 1; }
 	@touch "$@"
+	@echo "microtrain: built $(@D)/$(MT_IMAGE_$*)"
+
+# ---- native modules ---------------------------------------------------------------------
+
+# $(NATMOD_BUILD)/ARCH/_microtrain.mpy; firmware/natmod.mk says how. xtensawin needs an
+# xtensa compiler (ESP-IDF's xtensa-esp32-elf-gcc), skipped with a message when there is none.
+natmod: $(NATMOD_BUILD)/$(NATMOD_ARCH)/_microtrain.mpy
+firmware-natmod: natmod
+natmods-test: $(foreach a,$(NATMOD_TEST_ARCHS),$(NATMOD_BUILD)/$(a)/_microtrain.mpy)
+natmods: natmods-test $(if $(shell command -v xtensa-esp32-elf-gcc),$(NATMOD_BUILD)/xtensawin/_microtrain.mpy,natmod-xtensawin-missing)
+natmod-xtensawin-missing:
+	@echo "microtrain: no xtensa-esp32-elf-gcc (ESP-IDF's toolchain) here; skipping the xtensawin .mpy (firmware/README.md)"
+.PHONY: natmod-xtensawin-missing
+
+$(NATMOD_BUILD)/%/_microtrain.mpy: $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_ROOT)/firmware/natmod.mk $(wildcard $(MICROTRAIN_ROOT)/firmware/natmod/*)
+	@$(MICROTRAIN_PYTHON) -c "import elftools" 2>/dev/null || { \
+	    echo "microtrain: the native module needs pyelftools for MicroPython's mpy_ld.py (make venv, or pip install pyelftools)"; exit 1; }
+	@mkdir -p "$(@D)"
+	@echo 'include $(MICROTRAIN_ROOT)/firmware/natmod.mk' > "$(@D)/Makefile"
+	+$(MICROTRAIN_SUBMAKE) -C "$(@D)" MPY_DIR="$(MICROTRAIN_MPY_ABS)" ARCH="$*" PYTHON="$(MICROTRAIN_PYTHON)" $(FIRMWARE_MAKE_ARGS)
+	@# for `mpremote mip install $(@D)/package.json`: this .mpy and the device package
+	@printf '{\n  "urls": [["_microtrain.mpy", "_microtrain.mpy"]],\n  "deps": [["%s", null]],\n  "version": "0.1.0"\n}\n' \
+	    "$(MICROTRAIN_ROOT)/package.json" > "$(@D)/package.json"
 	@echo "microtrain: built $@"
 
-$(FIRMWARE_QEMU): $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_QEMU_BUILD)/microtrain.config | $(MICROTRAIN_MPY_CROSS)
-	@$(microtrain_check_version)
-	+$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/qemu" BOARD="$(FIRMWARE_QEMU_BOARD)" BUILD="$(abspath $(FIRMWARE_QEMU_BUILD))" \
-	    USER_C_MODULES="$(MICROTRAIN_MODULES_ABS)" $(FIRMWARE_QEMU_ARGS) $(FIRMWARE_MAKE_ARGS)
-	@touch "$@"
-	@echo "microtrain: built $@"
+# ---- CircuitPython ------------------------------------------------------------------------
 
-# A native .mpy for firmware built without the module; see firmware/natmod.mk.
-firmware-natmod:
-	@if ! $(or $(PYTHON),python3) -c "import elftools" 2>/dev/null; then \
-	    echo "microtrain: firmware-natmod needs pyelftools for MicroPython's mpy_ld.py (pip install pyelftools); skipping"; \
-	    exit 0; \
-	fi; \
-	mkdir -p "$(FIRMWARE_NATMOD_BUILD)"; \
-	echo 'include $(MICROTRAIN_ROOT)/firmware/natmod.mk' > "$(FIRMWARE_NATMOD_BUILD)/Makefile"; \
-	$(MICROTRAIN_SUBMAKE) -C "$(FIRMWARE_NATMOD_BUILD)" \
-	    MPY_DIR="$(MICROTRAIN_MPY_ABS)" ARCH="$(NATMOD_ARCH)" $(FIRMWARE_MAKE_ARGS) \
-	    && echo "microtrain: built $(FIRMWARE_NATMOD_BUILD)/microtrain.mpy"
+include $(MICROTRAIN_ROOT)/firmware/circuitpython.mk
 
 endif
 

@@ -254,6 +254,66 @@ class CNN(nn.Module):
         return self.fc(torch.flatten(h, 1))
 
 
+# ------------------------------------------------ views before other ops ----
+# A view (Flatten, Reshape, Squeeze, Unsqueeze) feeding an op without parameters: the
+# gradient must flow through the view to the layers before it.
+
+class FlattenRelu(nn.Module):
+    """conv -> flatten -> relu -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Conv2d(3, 4, 1)
+        self.head = nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x):
+        return self.head(F.relu(torch.flatten(self.pre(x), 1)))
+
+
+class ReshapeBetweenGemms(nn.Module):
+    """Linear -> reshape (N, 2, 4) -> relu -> reshape (N, 8) -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc0 = nn.Linear(6, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = F.relu(self.fc0(x).reshape(-1, 2, 4))
+        return self.fc2(h.reshape(-1, 8))
+
+
+class PoolAfterReshape(nn.Module):
+    """Linear -> view (N, 2, 4, 4) -> maxpool 2 -> flatten -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc0 = nn.Linear(6, 32)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = F.max_pool2d(self.fc0(x).view(-1, 2, 4, 4), 2)
+        return self.fc2(torch.flatten(h, 1))
+
+
+class SqueezeAroundPool(nn.Module):
+    """conv1d -> unsqueeze(2) -> avgpool (1, 2) -> squeeze(2) -> relu -> flatten -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Conv1d(3, 4, 3)
+        self.head = nn.Linear(4 * 5, 3)
+
+    def forward(self, x):
+        h = F.avg_pool2d(self.pre(x).unsqueeze(2), (1, 2)).squeeze(2)
+        return self.head(torch.flatten(F.relu(h), 1))
+
+
+def keyword_spotting():
+    """The keyword-spotting CNN of issue 5, as a user writes it."""
+    return nn.Sequential(nn.Conv1d(13, 32, 3), nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(32, 4))
+
+
 # ------------------------------------------------------------------ cases ----
 
 @dataclass
@@ -467,6 +527,17 @@ MODEL_CASES = {
     "mlp": Case("mlp", MLP, (64,), n_out=10),
     "cnn": Case("cnn", CNN, (1, 8, 8), n_out=10),
 }
+
+
+VIEW_CASES = {c.name: c for c in [
+    Case("adaptive_avgpool1d_flatten", lambda: Sandwich(nn.AdaptiveAvgPool1d(1), (9,)), (3, 9)),
+    Case("adaptive_avgpool2d_flatten", lambda: Sandwich(nn.AdaptiveAvgPool2d(1), (5, 5)), (3, 5, 5)),
+    Case("flatten_relu_linear", FlattenRelu, (3, 4, 4)),
+    Case("reshape_between_gemms", ReshapeBetweenGemms, (6,)),
+    Case("pool_after_reshape", PoolAfterReshape, (6,)),
+    Case("squeeze_unsqueeze_around_pool", SqueezeAroundPool, (3, 12)),
+    Case("keyword_spotting", keyword_spotting, (13, 49), n_out=4),
+]}
 
 
 def case_onnx(case, exporter, directory):

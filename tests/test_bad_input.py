@@ -250,3 +250,34 @@ def test_cli_reports_errors_without_a_traceback(tmp_path, plan_bytes):
         assert r.returncode == 2
         assert "error:" in r.stderr and pattern in r.stderr and "Traceback" not in r.stderr
 
+
+
+def test_cross_entropy_needs_one_score_per_class():
+    """A (1, 3, 8, 8) output is not 192 classes: refused, naming the shape and the two ways out."""
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.normal(size=(3, 2, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "seg",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 8, 8])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3, 8, 8])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(ValueError, match=r"cross-entropy needs a model output of shape \(1, C\).*'y' has shape "
+                                         r"\(1, 3, 8, 8\).*GlobalAveragePool \+ Flatten.*--loss mse"):
+        microtrain.compile(m, update="full")
+    sim = microtrain.Simulator(microtrain.compile(m, update="full", loss="mse"))
+    assert sim.output_shape == (3, 8, 8)
+
+
+def test_every_unsupported_node_is_listed_at_once_grouped_by_op_type():
+    m = models.mlp()
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((1,), np.float32), "one"))
+    for k, op in enumerate(["Sigmoid", "Tanh", "Sigmoid", "Sub", "Sigmoid"]):
+        m = models.with_node(m, helper.make_node(op, ["in"] + (["one"] if op == "Sub" else []), ["out"],
+                                                 name="n%d_%s" % (k, op)))
+    with pytest.raises(NotImplementedError) as e:
+        microtrain.compile(m, update="full")
+    lines = str(e.value).splitlines()
+    assert lines[0] == "the model has 5 nodes microtrain does not support:"
+    assert lines[1].startswith("  Sigmoid x3: 'n0_Sigmoid', 'n2_Sigmoid', 'n4_Sigmoid'")
+    assert lines[2] == "  Tanh x1: 'n1_Tanh'"
+    assert lines[3].startswith("  Sub x1: 'n3_Sub' (to normalise inputs")
+    assert lines[4].startswith("microtrain supports: Conv, Gemm") and len(lines) == 5

@@ -318,7 +318,6 @@ import functools
 import glob
 import importlib
 import os
-import time
 import warnings
 
 import numpy as np
@@ -341,7 +340,6 @@ NODE_OPS = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm", "MatM
             "BatchNormalization", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Add",
             "Softmax", "LogSoftmax"}
 NOTHING_TO_TRAIN = ("no layer with parameters", "nothing to train")
-SLOW_SECONDS = 20.0     # a single model taking longer than this fails the time budget
 # Per-case tolerance, each with its reason.
 TOLERANCE = {
     # the recorded output was typed by hand to 4 decimals (0.1511 for 0.151056 = 1.3595 / 9), see
@@ -546,15 +544,12 @@ def run_case(o, rtol=RTOL, atol=ATOL):
 
 @pytest.mark.parametrize("case_id", all_ids())
 def test_forward(case_id):
-    t0 = time.monotonic()
     o = outcome(case_id)
     if o.kind in ("unsupported", "nothing-to-train"):
         pytest.skip("%s %s: %s" % (case_id, o.kind, o.reason))
     if o.kind == "ran-behind-identity":   # compile refused the bare model, and said why
         assert any(m in o.train_error for m in NOTHING_TO_TRAIN + ("computes nothing",)), o.train_error
     run_case(o, *TOLERANCE.get(case_id, (RTOL, ATOL)))
-    took = time.monotonic() - t0
-    assert took < SLOW_SECONDS, "%s took %.1fs" % (case_id, took)
 
 
 TITLES = {"ran": "ran",

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -438,18 +437,17 @@ def test_guard_bytes_survive_simulated_run(seed):
                 assert (arena[offs[i] + b.size : offs[i] + b.size + gap] == 0xA5).all(), (t, i)
 
 
-def test_3000_buffers_is_fast():
+def test_3000_buffers():
+    """A large plan is valid and bounded (how fast it is planned is benchmarks' business: a test
+    never passes or fails on a timing)."""
     rng = np.random.default_rng(3000)
     n = 3000
     sizes = rng.integers(0, 5001, n)
     first = rng.integers(0, 61, n)
     last = rng.integers(first, 61)
     bufs = [Buffer(int(s), int(f), int(l)) for s, f, l in zip(sizes, first, last)]
-    t0 = time.perf_counter()
     greedy = plan(bufs)
     naive = plan(bufs, strategy="naive")
     check(bufs, greedy)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, f"planning 3000 buffers took {elapsed:.2f}s"
     assert peak_live_bytes(bufs) <= arena_size(bufs, greedy) <= naive_size(bufs)
     assert arena_size(bufs, naive) == naive_size(bufs)

@@ -27,7 +27,7 @@ from onnx.reference import ReferenceEvaluator
 import microtrain
 from microtrain import format as MF
 
-from oracle_models import MODEL_CASES, OP_CASES, case_onnx, layers
+from oracle_models import MODEL_CASES, OP_CASES, VIEW_CASES, case_onnx, layers
 
 RTOL = 1e-4
 TINY = 1e-6
@@ -459,6 +459,59 @@ def test_model_weight_decay(model, mode, onnx_dir):
     path, module = exported(case, "ts13", onnx_dir)
     for batch in (1, 4):
         check_training(path, case, case.oracle(module), mode, "cross-entropy", batch, weight_decay=0.05)
+
+
+VIEW_PARAMS = [pytest.param(c, e, id="%s-%s" % (c.name, e)) for c in VIEW_CASES.values() for e in ("ts13", "dynamo")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case, exporter", VIEW_PARAMS)
+def test_view_before_parameterless_op(case, exporter, mode, onnx_dir, tmp_path):
+    """A view (Flatten, Reshape, Squeeze, Unsqueeze) feeding pooling, ReLU or ReduceMean, and the
+    keyword-spotting CNN of issue 5: every update mode trains exactly what PyTorch trains, for
+    20 steps with batch 1 (cross-entropy) and batch 4 (mse); with update 'full' also the forward,
+    every parameter gradient and every activation gradient."""
+    path, module = exported(case, exporter, onnx_dir)
+    oracle = case.oracle(module)
+    update, names = mode, None
+    if mode == "json":
+        update, names = json_update(tmp_path, compile_plan(path, "full", "cross-entropy"))
+    check_pruning(check_training(path, case, oracle, update, "cross-entropy", 1, expect=names))
+    check_training(path, case, oracle, update, "mse", 4, expect=names)
+    if mode == "full":
+        plan = check_gradients(path, case, oracle, "full", "cross-entropy")
+        check_forward(path, case, module, oracle, plan)
+
+
+ALL_CASES = ([pytest.param(c, e, id="%s-%s" % (c.name, e)) for c in OP_CASES for e in c.exporters]
+             + [pytest.param(c, e, id="%s-%s" % (c.name, e)) for c in list(MODEL_CASES.values())
+                + list(VIEW_CASES.values()) for e in ("ts13", "dynamo")])
+
+
+@pytest.mark.parametrize("mode", ["full", "last:2"])
+@pytest.mark.parametrize("case, exporter", ALL_CASES)
+def test_what_pytorch_changes_microtrain_changes(case, exporter, mode, onnx_dir):
+    """Property over every model of the suite: after one step whose loss gradient is not zero,
+    every parameter PyTorch's SGD changes (at least one element) microtrain changes too, and
+    every parameter PyTorch leaves alone microtrain leaves alone."""
+    path, module = exported(case, exporter, onnx_dir)
+    oracle = case.oracle(module)
+    plan = compile_plan(path, mode, "cross-entropy", momentum=0.0)
+    pairs = param_pairs(plan, oracle)
+    trainable = set(plan.params())
+    sim = microtrain.Simulator(plan)
+    before = {o: plan_value(sim, o).copy() for o, _, _ in pairs}
+    xs, ys = make_data(case, 1, "cross-entropy", seed=11)
+    sim.step(xs[0], ys[0])
+    tt = {t for o, t, _ in pairs if o in trainable}
+    _, t_params = torch_train(oracle, tt, xs, ys, "cross-entropy", 1, LR["cross-entropy"], 0.0, 0.0)
+    t_before = dict(oracle.named_parameters())
+    for o, t, tr in pairs:
+        t_changed = not np.array_equal(torch_value(t_params[t], tr), torch_value(t_before[t], tr))
+        changed = not np.array_equal(plan_value(sim, o), before[o])
+        assert changed == t_changed, "PyTorch %s %s (%s), microtrain %s it" % (
+            "changes" if t_changed else "leaves", t, "trainable" if o in trainable else "frozen",
+            "changes" if changed else "leaves")
 
 
 def test_digits_cnn(onnx_dir):

@@ -83,17 +83,26 @@ def test_dead_branch_is_dropped():
     assert "unused" not in [t["name"] for t in plan.tensors]
 
 
-def test_shared_trainable_weight_is_refused_and_frozen_sharing_is_fine():
+def test_shared_weight_is_one_parameter_updated_at_the_batch_end():
+    """A weight two layers use is one parameter: both gradient ops add into its accumulator
+    and one SGD op applies the sum, also with batch 1 (tests/test_shared_weights.py compares
+    the training with PyTorch)."""
     m = models.mlp(n_in=5, hidden=5, n_out=5)
     nodes = list(m.graph.node)
     nodes.append(helper.make_node("Gemm", ["y", "fc1.weight"], ["z"], transB=1, name="reuse"))
     m.graph.ClearField("node")
     m.graph.node.extend(nodes)
     m.graph.output[0].name = "z"
-    with pytest.raises(ValueError, match="shared by 2 nodes"):
-        microtrain.compile(m, update="full")
+    plan = microtrain.compile(m, update="full", momentum=0.9)
+    names = [t["name"] for t in plan.tensors]
+    grads = [o for o in plan.ops if o["op"] == "GEMM_BWD_WEIGHT" and names[o["slots"][2]] == "fc1.weight"]
+    assert len(grads) == 2 and {names[o["slots"][4]] for o in grads} == {"acc(fc1.weight)"}
+    assert all(o["slots"][3] is None for o in grads)   # no update on the spot
+    sgd = [o for o in plan.ops if o["op"] == "SGD"]
+    assert [(names[o["slots"][0]], names[o["slots"][1]], o["phase"]) for o in sgd] == [
+        ("fc1.weight", "mom(fc1.weight)", "BATCH_END")]
     plan = microtrain.compile(m, update=["fc2.weight"])
-    assert plan.params() == ["fc2.weight"]
+    assert plan.params() == ["fc2.weight"] and not any(o["op"] == "SGD" for o in plan.ops)
 
 
 def test_relu_and_residual_add_run_in_place():
@@ -119,3 +128,22 @@ def test_naive_planner_keeps_every_tensor_readable():
     h, r = sim.tensor("h"), sim.tensor("r")
     assert (h < 0).any() and np.array_equal(r, np.maximum(h, 0))   # pre- and post-ReLU both intact
     assert not any(t["memory_of"] for t in sim.plan.report()["tensors"])
+
+
+def test_a_trainable_parameter_without_a_gradient_path_is_an_internal_error():
+    """The compiler's closing invariant: drop the op that carries the loss's gradient down to
+    the first layer (or the first layer's own gradient op) and the plan is refused."""
+    from microtrain.onnx_import import import_onnx
+    from microtrain.training import InternalError, build_training, check_gradient_paths
+    graph = import_onnx(models.cnn())
+    trainable = {"c1.weight", "c1.bias", "fc.weight", "fc.bias"}
+    tensors, ops = build_training(graph, trainable, "cross-entropy", 1, 0.0)
+    check_gradient_paths(tensors, ops, trainable)   # the real plan keeps it
+    name = lambda o, slot: tensors[o.slots[o.spec.slot_index(slot)]].name   # noqa: E731
+    cut = [k for k, o in enumerate(ops) if o.name == "GAP_BWD"]
+    assert len(cut) == 1
+    with pytest.raises(InternalError, match="'c1.bias', 'c1.weight' reported trainable but no gradient"):
+        check_gradient_paths(tensors, ops[:cut[0]] + ops[cut[0] + 1:], trainable)
+    own = [k for k, o in enumerate(ops) if o.name == "CONV2D_BWD_WEIGHT" and name(o, "w") == "c1.weight"]
+    with pytest.raises(InternalError, match="'c1.weight' reported trainable"):
+        check_gradient_paths(tensors, ops[:own[0]] + ops[own[0] + 1:], trainable)

@@ -1,17 +1,37 @@
-"""The microtrain command: compile, report, simulate."""
+"""The microtrain command: compile, report, simulate, export; deploy, train, eval, pull
+(device/commands.py).
+
+Every error a user can cause ends in one line on stderr, "microtrain CMD: error: ...",
+naming the file, array or option, the offending value and what to do, and exit
+status 2; never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
 
 
+def _writable(path, option):
+    """Refuse an output path before any work is done for it."""
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise ValueError("cannot write %s %s: directory %s does not exist" % (option, path, d))
+    if os.path.isdir(path):
+        raise ValueError("cannot write %s %s: it is a directory" % (option, path))
+    if not os.access(d, os.W_OK):
+        raise ValueError("cannot write %s %s: directory %s is not writable" % (option, path, d))
+
+
 def _compile(args):
     from .compiler import compile
+    _writable(args.output, "-o")
     plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
                    weight_decay=args.weight_decay, batch=args.batch, planner=args.planner)
+    fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
     print("wrote %s: %d bytes, %d ops, arena %d B (naive %d B), parameters and optimizer state %d B, "
@@ -19,6 +39,25 @@ def _compile(args):
                               r["param_bytes"], r["const_bytes"]))
     for note in r["notes"]:
         print("note: " + note)
+    for line in fit:
+        print("board: " + line)
+
+
+def _board_check(report, board):
+    if not board:
+        return []
+    from . import boards
+    return boards.check(report, boards.load_board(board))
+
+
+def _boards(args):
+    from .boards import print_boards
+    print_boards(as_json=args.json)
+
+
+def _flash(args):
+    from .boards import flash
+    flash(args.board, port=args.port, image=args.image, dry_run=args.dry_run)
 
 
 def _kb(n):
@@ -49,7 +88,10 @@ def print_report(r, out=sys.stdout, tensors=True):
 
 def _report(args):
     from .plan import load_plan
+    if args.svg:
+        _writable(args.svg, "--svg")
     r = load_plan(args.plan).report()
+    fit = _board_check(r, args.board)
     if args.svg:
         from .svg import arena_svg
         with open(args.svg, "w") as f:
@@ -60,35 +102,72 @@ def _report(args):
         print_report(r)
         if args.svg:
             print("\narena picture written to %s" % args.svg)
+        for line in fit:
+            print("board           %s" % line)
+
+
+def load_npz(path, option):
+    """The arrays of an .npz archive, or ValueError saying what the file is instead."""
+    try:
+        d = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise ValueError("%s %s: no such file" % (option, path)) from None
+    except (OSError, ValueError) as e:
+        raise ValueError("%s %s is not an .npz archive; write one with np.savez(%r, x=..., y=...)"
+                         % (option, path, path)) from e
+    if not hasattr(d, "files"):
+        raise ValueError("%s %s is a single .npy array, not an .npz archive of named arrays; write one with "
+                         "np.savez(%r, x=..., y=...)" % (option, path, os.path.splitext(path)[0] + ".npz"))
+    return d
 
 
 def load_data(path):
-    try:
-        d = np.load(path)
-    except (OSError, ValueError) as e:
-        raise ValueError("cannot read data file %s: %s" % (path, e)) from e
+    d = load_npz(path, "--data")
     missing = [k for k in ("x", "y") if k not in d.files]
     if missing:
-        raise ValueError("data file %s lacks array(s) %s; it must hold x (samples first) and y" % (path, missing))
+        raise ValueError("--data %s lacks array(s) %s; it must hold x (samples first) and y" % (path, missing))
+    if ("x_test" in d.files) != ("y_test" in d.files):
+        raise ValueError("--data %s holds %s without %s; give both or neither"
+                         % ((path,) + (("x_test", "y_test") if "x_test" in d.files else ("y_test", "x_test"))))
     return d
 
 
 def _simulate(args):
     from .plan import load_plan
-    from .simulator import Simulator
+    from .simulator import Simulator, TrainingDiverged
+    if args.save_params:
+        _writable(args.save_params, "--save-params")   # before training, which would otherwise be lost
     plan = load_plan(args.plan)
     sim = Simulator(plan)
+    if args.lr is not None:
+        sim.lr = args.lr
     d = load_data(args.data)
-    x, y = d["x"], d["y"]
-    xt, yt = (d["x_test"], d["y_test"]) if "x_test" in d.files and "y_test" in d.files else (x, y)
-    held = "held-out test set" if xt is not x else "training data"
+    where = lambda e: ValueError("--data %s: %s" % (args.data, e))   # noqa: E731
+    try:
+        x, y = sim.check_data(d["x"], d["y"], ("x", "y"))
+        test = sim.check_data(d["x_test"], d["y_test"], ("x_test", "y_test")) if "x_test" in d.files else None
+    except ValueError as e:
+        raise where(e) from None
+    xt, yt = test if test is not None else (x, y)
+    held = "held-out test set" if test is not None else "training data"
     metric = "accuracy" if plan.loss == "cross-entropy" else "mse"
     print_report(plan.report(), tensors=False)
+    if args.lr is not None:
+        print("lr              %g (--lr; the plan says %g)" % (sim.lr, plan.header["lr"]))
     print()
     before = sim.evaluate(xt, yt)
     print("%s before training (%s, %d samples): %.4f" % (metric, held, len(xt), before))
-    sim.fit(x, y, epochs=args.epochs, seed=args.seed,
-            on_epoch=lambda e, loss: print("epoch %d: mean loss %.4f" % (e, loss), flush=True))
+
+    def epoch_done(e, loss):
+        line = "epoch %d/%d: mean loss %.4f" % (e, args.epochs, loss)
+        if test is not None:
+            line += ", held-out %s %.4f" % (metric, sim.evaluate(xt, yt))
+        print(line, flush=True)
+
+    try:
+        sim.fit(x, y, epochs=args.epochs, seed=args.seed, on_epoch=epoch_done)
+    except TrainingDiverged as e:
+        raise TrainingDiverged(e.epoch, e.sample, e.k, e.lr, e.detail, "lower --lr (now %g)") from None
     after = sim.evaluate(xt, yt)
     print("%s after %d epochs (%d steps): %.4f" % (metric, args.epochs, sim.steps, after))
     if args.save_params:
@@ -96,38 +175,149 @@ def _simulate(args):
         print("trained parameters written to %s" % args.save_params)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="microtrain", description="Train neural networks on microcontrollers.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="compile an ONNX model into a training plan (.mtp)")
-    c.add_argument("model", help="ONNX model file")
-    c.add_argument("-o", "--output", required=True, help="plan file to write")
+def _export(args):
+    from .plan import load_plan
+    _writable(args.output, "-o")
+    plan = load_plan(args.plan)
+    params = load_npz(args.params, "--params")
+    plan.export({k: params[k] for k in params.files}, args.onnx, args.output)
+    print("wrote %s: %s with the %d trained parameters of %s" % (args.output, args.onnx, len(params.files),
+                                                                 args.params))
+
+
+def _whole(lo):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a whole number" % text) from None
+        if v < lo:
+            raise argparse.ArgumentTypeError("%d is below %d" % (v, lo))
+        return v
+    parse.__name__ = "whole number"
+    return parse
+
+
+def _number(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text) from None
+    if not np.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError("%r: must be a finite number >= 0" % text)
+    return v
+
+
+_number.__name__ = "number"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other error."""
+
+    def error(self, message):
+        self.exit(2, "%s: error: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown where there is one."""
+
+    def _get_help_string(self, action):
+        if action.required or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parser():
+    from . import __version__
+    from . import format as F
+    fmt = _Help
+    p = _Parser(prog="microtrain", formatter_class=fmt,
+                                description="Train neural networks on microcontrollers: compile an ONNX model "
+                                "into a training plan, inspect it, train it on the host with the device's C core, "
+                                "and export the trained model.")
+    p.add_argument("--version", action="version",
+                   version="microtrain %s (plan format version %d)" % (__version__, F.VERSION))
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser)
+    c = sub.add_parser("compile", help="compile an ONNX model into a training plan (.mtp)", formatter_class=fmt,
+                       description="Compile an ONNX model into a training plan (.mtp).")
+    c.add_argument("model", help="ONNX model file (torch.onnx.export, either exporter)")
+    c.add_argument("-o", "--output", required=True, metavar="PLAN.mtp", help="plan file to write")
     c.add_argument("--update", default="last-layer",
-                   help="what trains: last-layer, bias, last:K, full, or a JSON file of initializer names")
-    c.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"])
-    c.add_argument("--lr", type=float, default=0.01)
-    c.add_argument("--momentum", type=float, default=0.0)
-    c.add_argument("--weight-decay", type=float, default=0.0)
-    c.add_argument("--batch", type=int, default=1, help="samples per update (1: update after every sample)")
-    c.add_argument("--planner", default="greedy", choices=["greedy", "naive"])
+                   help="what trains: last-layer, bias (every bias), last:K (the last K layers), full, or a JSON "
+                   "file listing initializer names")
+    c.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"],
+                   help="cross-entropy (softmax fused; integer labels) or mse (float targets shaped like the output)")
+    c.add_argument("--lr", type=_number, default=0.01, help="learning rate of SGD")
+    c.add_argument("--momentum", type=_number, default=0.0, help="SGD momentum, in [0, 1)")
+    c.add_argument("--weight-decay", type=_number, default=0.0, help="L2 weight decay, as torch.optim.SGD")
+    c.add_argument("--batch", type=_whole(1), default=1,
+                   help="samples per update; 1 updates after every sample and stores no gradient")
+    c.add_argument("--planner", default="greedy", choices=["greedy", "naive"],
+                   help="arena memory: greedy shares memory between tensors not alive together; naive gives "
+                   "every tensor its own (for debugging)")
+    c.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards); "
+                   "fail, writing nothing, if it does not")
     c.set_defaults(func=_compile)
-    r = sub.add_parser("report", help="memory and compute report of a plan")
-    r.add_argument("plan")
-    r.add_argument("--json", action="store_true", help="print one JSON object")
-    r.add_argument("--svg", metavar="FILE", help="also draw the arena timeline as SVG")
+    r = sub.add_parser("report", help="memory and compute report of a plan", formatter_class=fmt,
+                       description="Memory and compute report of a plan.")
+    r.add_argument("plan", help="plan file (.mtp) from microtrain compile")
+    r.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    r.add_argument("--svg", metavar="FILE.svg", help="also draw the arena over time as SVG into this file")
+    r.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards)")
     r.set_defaults(func=_report)
-    s = sub.add_parser("simulate", help="train a plan on the host with the device's C core")
-    s.add_argument("plan")
-    s.add_argument("--data", required=True, help=".npz with x (float32, samples first) and y; "
-                   "optional x_test, y_test to measure on")
-    s.add_argument("--epochs", type=int, default=1)
-    s.add_argument("--seed", type=int, default=0, help="shuffle seed")
-    s.add_argument("--save-params", metavar="FILE.npz", help="write the trained parameters")
+    s = sub.add_parser("simulate", help="train a plan on the host with the device's C core", formatter_class=fmt,
+                       description="Train a plan on the host with the device's own C core, and measure it.")
+    s.add_argument("plan", help="plan file (.mtp) from microtrain compile")
+    s.add_argument("--data", required=True, metavar="DATA.npz",
+                   help=".npz with x (float32, samples first) and y (class labels, or float targets for mse); "
+                   "optional x_test, y_test to measure on after each epoch")
+    s.add_argument("--epochs", type=_whole(1), default=1, help="passes over the data")
+    s.add_argument("--lr", type=_number, default=None, help="learning rate for this run (default: the plan's)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the shuffle of each epoch")
+    s.add_argument("--save-params", metavar="FILE.npz", default=None,
+                   help="write the trained parameters, by ONNX initializer name")
     s.set_defaults(func=_simulate)
-    args = p.parse_args(argv)
+    e = sub.add_parser("export", help="write the ONNX model with trained parameters in place", formatter_class=fmt,
+                       description="Write the ONNX model the plan came from with trained parameters in place.")
+    e.add_argument("plan", help="plan file (.mtp) the parameters were trained with")
+    e.add_argument("--params", required=True, metavar="PARAMS.npz", help="trained parameters (simulate --save-params)")
+    e.add_argument("--onnx", required=True, metavar="MODEL.onnx", help="the model the plan was compiled from")
+    e.add_argument("-o", "--output", required=True, metavar="TRAINED.onnx", help="ONNX file to write")
+    e.set_defaults(func=_export)
+    b = sub.add_parser("boards", help="list the supported boards and their memory budgets", formatter_class=fmt)
+    b.add_argument("--json", action="store_true", help="print the profiles as JSON")
+    b.set_defaults(func=_boards)
+    f = sub.add_parser("flash", help="write a board's firmware (make firmware BOARD=NAME) with its family's tool",
+                       formatter_class=fmt)
+    f.add_argument("--board", required=True, metavar="NAME", help="board profile to flash (microtrain boards)")
+    f.add_argument("--port", help="serial port of the board (esptool needs it)")
+    f.add_argument("--image", help="firmware image to write (default: build/firmware/NAME/<image>)")
+    f.add_argument("--dry-run", action="store_true", help="print the flashing command, run nothing")
+    f.set_defaults(func=_flash)
+    from .device.commands import add_arguments as add_board_commands
+    add_board_commands(sub, fmt)     # deploy, train, eval, pull: microtrain.device.commands
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    from .device.errors import DeviceError
+    from .training import InternalError
     try:
         args.func(args)
-    except (ValueError, TypeError, NotImplementedError) as e:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (microtrain report plan.mtp | head): not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except InternalError as e:
+        print("microtrain %s: %s" % (args.cmd, e), file=sys.stderr)
+        return 3
+    except (ValueError, TypeError, NotImplementedError, DeviceError) as e:
+        print("microtrain %s: error: %s" % (args.cmd, e), file=sys.stderr)
+        return 2
+    except OSError as e:
         print("microtrain %s: error: %s" % (args.cmd, e), file=sys.stderr)
         return 2
     return 0

@@ -7,7 +7,7 @@ from . import __version__
 from . import format as F
 from .onnx_import import import_onnx
 from .plan import Plan, assign_memory, write_plan
-from .training import build_training, macs_total
+from .training import build_training, check_gradient_paths, macs_total
 from .update import resolve_update
 
 LOSSES = ("cross-entropy", "mse")
@@ -48,6 +48,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 65535:
         raise ValueError("batch must be a whole number from 1 to 65535, got %r" % (batch,))
     graph = import_onnx(model, loss)
+    out_shape = graph.values[graph.output].onnx_shape
+    if loss == "cross-entropy" and len(out_shape) != 2:
+        raise ValueError("loss cross-entropy needs a model output of shape (1, C) or (N, C), one score per class; "
+                         "output '%s' has shape %s. Add GlobalAveragePool + Flatten (or Flatten + a Linear head) "
+                         "before the output, or use --loss mse to train towards a target of that shape"
+                         % (graph.output, tuple(out_shape)))
     trainable = resolve_update(graph, update)
     # "naive" memory shares nothing, not even between an op's input and output, so that
     # every tensor can be read after a step (debugging, tests)
@@ -58,6 +64,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     if loss == "mse" and graph.dropped_output_op:
         raise ValueError("mse loss with a dropped %s output" % graph.dropped_output_op)
     arena, state, naive, peak, blobs, data_size = assign_memory(tensors, ops, (inp, tgt), planner, guard)
+    check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train
     values = graph.values
     meta = {
         "microtrain": __version__,
@@ -66,6 +73,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         "output": {"name": graph.output, "shape": [1] + list(values[graph.output].onnx_shape[1:])},
         "param_shapes": {t.name: list(t.onnx_shape) for t in tensors if t.flags & F.TFLAGS["PARAM"]},
         "notes": graph.notes,
+        # for export and params(): where each layer parameter comes from in the ONNX model
+        "model": graph.fingerprint,
+        "params": {p: dict(graph.origins[p], shape=list(values[p].onnx_shape)) for p in graph.origins},
+        "layers": [dict(node=n.onnx_name, op=n.op, weight=n.weight(), bias=n.bias(),
+                        weight_init=graph.origins[n.weight()]["init"], w_layout=n.attrs.get("w_layout"), **n.parts)
+                   for n in graph.layers()],
         "planner": planner,
         # tensors that share another's memory (views, ops run in place): index -> index of the owner
         "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},

@@ -38,6 +38,9 @@ class Node:
     output: str
     attrs: dict = field(default_factory=dict)
     onnx_name: str = ""            # for messages: which ONNX node this came from
+    # other ONNX nodes merged into this layer, for export: "bias_add" (MatMul + Add) with
+    # "bias_input" (the Add's constant input), "bn" (a BatchNormalization folded into it)
+    parts: dict = field(default_factory=dict)
 
     def weight(self):
         return self.inputs[1] if self.op in LAYER_OPS else None
@@ -54,6 +57,9 @@ class Graph:
     output: str
     notes: list = field(default_factory=list)   # what the importer changed (folds, dropped softmax)
     dropped_output_op: str | None = None        # "Softmax"/"LogSoftmax" removed from the output
+    # parameter -> {"init": the ONNX initializer it comes from, "folds": what changed its value}
+    origins: dict = field(default_factory=dict)
+    fingerprint: str = ""          # of the ONNX model as given (export.fingerprint)
 
     def layers(self):
         """Nodes that own parameters, in execution order."""

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from . import export
 from .ir import Graph, Node, Value
 
 MIN_OPSET, MAX_OPSET = 13, 21
@@ -20,6 +21,22 @@ SUPPORTED = ("Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "MaxPool", "Averag
              "GlobalAveragePool", "ReduceMean (over all spatial axes)", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity",
              "Dropout", "BatchNormalization", "Softmax (output only)", "LogSoftmax (output only)",
              "and any op whose inputs are all constants")
+
+
+# what to do instead, for ops people bring from MCU models
+SUGGESTIONS = {
+    "Sub": "to normalise inputs, apply (x - mean) / std to the data before it reaches microtrain",
+    "Div": "to normalise inputs, apply (x - mean) / std to the data before it reaches microtrain",
+    "Mul": "to scale inputs, scale the data before it reaches microtrain",
+    "Transpose": "only weights may be transposed; keep activations in (N, C, H, W) order",
+    "LSTM": "recurrent layers are not supported; a Conv1d over time often replaces them",
+    "GRU": "recurrent layers are not supported; a Conv1d over time often replaces them",
+    "RNN": "recurrent layers are not supported; a Conv1d over time often replaces them",
+    "QuantizeLinear": "export the float model; microtrain plans are float32",
+    "DequantizeLinear": "export the float model; microtrain plans are float32",
+    "Sigmoid": "for a two-class output use two logits and cross-entropy, or --loss mse",
+    "ConvTranspose": "not supported; upsample with Conv layers on the host side instead",
+}
 
 
 class UnsupportedModel(NotImplementedError):
@@ -31,7 +48,8 @@ def _where(node):
 
 
 def load_model(model):
-    """A ModelProto from a path, bytes or ModelProto, at an opset microtrain reads."""
+    """(ModelProto at an opset microtrain reads, notes, fingerprint of the model as given)
+    from a path, bytes or ModelProto."""
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         try:
             model = onnx.load(model) if not isinstance(model, bytes) else onnx.load_from_string(model)
@@ -46,6 +64,7 @@ def load_model(model):
         raise UnsupportedModel("ONNX opset %d is newer than microtrain reads (%d to %d); re-export with "
                                "opset_version=%d" % (opset, MIN_OPSET, MAX_OPSET, MAX_OPSET))
     notes = []
+    fingerprint = export.fingerprint(model)
     if opset < MIN_OPSET:
         try:
             model = onnx.version_converter.convert_version(model, MIN_OPSET)
@@ -53,7 +72,7 @@ def load_model(model):
             raise UnsupportedModel("ONNX opset %d is older than %d and onnx's version converter failed: %s"
                                    % (opset, MIN_OPSET, e)) from e
         notes.append("converted from opset %d to %d with onnx.version_converter" % (opset, MIN_OPSET))
-    return model, notes
+    return model, notes, fingerprint
 
 
 def internal_shape(shape, what):
@@ -90,6 +109,47 @@ class Importer:
                     self.uses[i] = self.uses.get(i, 0) + 1
         for o in self.g.output:
             self.uses[o.name] = self.uses.get(o.name, 0) + 1
+        self.param_uses = self.scan()
+        self.origins = {}     # IR parameter -> {"init": ONNX initializer, "folds": [what changed its value]}
+
+    def scan(self):
+        """How many nodes that compute on activations read each initializer, directly or through
+        a Transpose that is folded away (nodes that only compute constants are evaluated here and
+        do not count: an Identity of an initializer, which is how the TorchScript exporter writes
+        two parameters that happen to be equal, makes a copy, not a use)."""
+        const = {t.name for t in self.g.initializer}
+        source = {}
+        uses = {}
+        for n in self.g.node:
+            ins = [i for i in n.input if i]
+            if n.op_type in ("Constant", "Shape") or (all(i in const for i in ins)
+                                                      and n.op_type not in ("Softmax", "LogSoftmax")) \
+                    or (n.op_type == "CastLike" and ins and ins[0] in const):
+                const.update(o for o in n.output if o)
+                if n.op_type == "Transpose" and len(ins) == 1:
+                    source[n.output[0]] = source.get(ins[0], ins[0])
+                continue
+            for i in ins:
+                if i in const:
+                    i = source.get(i, i)
+                    uses[i] = uses.get(i, 0) + 1
+        return uses
+
+    def supported(self, node):
+        return node.domain in ("", "ai.onnx") and hasattr(self, "op_" + node.op_type)
+
+    @staticmethod
+    def unsupported_message(bad):
+        """Every node microtrain cannot run ({op: [node names]}), grouped by op type, with what to
+        do where there is something to do, and the supported ops once."""
+        n = sum(map(len, bad.values()))
+        lines = ["the model has %d node%s microtrain does not support:" % (n, "" if n == 1 else "s")]
+        for op, names in bad.items():
+            shown = ", ".join("'%s'" % n for n in names[:6]) + (", ... (%d more)" % (len(names) - 6) if len(names) > 6 else "")
+            hint = SUGGESTIONS.get(op.split(" ")[0])
+            lines.append("  %s x%d: %s%s" % (op, len(names), shown, " (%s)" % hint if hint else ""))
+        lines.append("microtrain supports: %s" % ", ".join(SUPPORTED))
+        return "\n".join(lines)
 
     # ---- helpers ----
     def r(self, name):
@@ -119,11 +179,28 @@ class Importer:
         self.acts[name] = tuple(int(d) for d in onnx_shape)
         self.values[name] = Value(name, shape, tuple(int(d) for d in onnx_shape), view_of=view_of)
 
-    def param(self, name, data, onnx_shape):
-        """A float32 constant the IR keeps (weight, bias), in internal shape."""
-        if name not in self.values:
-            self.values[name] = Value(name, data.shape, tuple(onnx_shape), data=np.ascontiguousarray(data, np.float32))
-        return name
+    def param(self, name, data, onnx_shape, node=None, fold=None):
+        """A float32 constant the IR keeps (weight, bias), in internal shape, named after the
+        initializer `name` it comes from. Used as it is, it is one value however many layers use
+        it (tied weights). Folded (fold says how: Gemm alpha, BatchNormalization, a broadcast),
+        it keeps that name only if no other node uses the initializer; otherwise the folded copy
+        gets a name of its own, so that the fold never leaks into the other uses."""
+        ir = name
+        if fold is not None and (self.param_uses.get(name, 0) > 1 or name in self.values):
+            ir = base = "%s@%s" % (name, node.name or node.output[0])
+            k = 1
+            while ir in self.values:
+                k += 1
+                ir = "%s#%d" % (base, k)
+        if ir not in self.values:
+            self.values[ir] = Value(ir, data.shape, tuple(onnx_shape), data=np.ascontiguousarray(data, np.float32))
+            self.origins[ir] = {"init": name, "folds": [fold] if fold else []}
+        return ir
+
+    def exclusive(self, ir):
+        """Whether IR parameter `ir` may be changed in place: its initializer feeds one node only."""
+        return ir is None or (self.param_uses.get(self.origins[ir]["init"], 0) <= 1
+                              and sum(1 for n in self.nodes if ir in n.inputs) <= 1)
 
     def emit(self, op, inputs, output, attrs, node, onnx_shape):
         self.add_act(output, onnx_shape, _where(node))
@@ -161,8 +238,22 @@ class Importer:
         self.batch = shape[0]
         self.add_act(inp.name, shape, "model input '%s'" % inp.name)
         self.input = inp.name
+        # every unsupported node at once: past one, the nodes that depend on it are only checked
+        # for support (their inputs are unknown), the others imported as usual
+        bad, unknown = {}, set()
         for node in self.g.node:
-            self.visit(node)
+            downstream = any(self.r(i) in unknown for i in node.input if i)
+            if not self.supported(node) and (downstream or not self.computes_constant(node)):
+                key = node.op_type if node.domain in ("", "ai.onnx") else "%s (domain '%s')" % (node.op_type,
+                                                                                                 node.domain)
+                bad.setdefault(key, []).append(node.name or node.output[0])
+                unknown.update(node.output)
+            elif downstream:
+                unknown.update(node.output)
+            else:
+                self.visit(node)
+        if bad:
+            raise UnsupportedModel(self.unsupported_message(bad))
         if len(self.g.output) != 1:
             raise UnsupportedModel("the model must have exactly one output; it has %d" % len(self.g.output))
         out = self.r(self.g.output[0].name)
@@ -181,11 +272,16 @@ class Importer:
                 used.add(v.view_of)
                 v = self.values[v.view_of]
         graph.values = {k: v for k, v in self.values.items() if k in used}
+        graph.origins = {k: o for k, o in self.origins.items() if k in used}
         return graph
 
+    def computes_constant(self, node):
+        """Whether the node only computes a constant (evaluated here, whatever its op)."""
+        ins = [self.r(i) for i in node.input if i]
+        return (node.op_type in ("Constant", "Shape") or (all(i in self.consts for i in ins)
+                                                         and node.op_type not in ("Softmax", "LogSoftmax")))
+
     def visit(self, node):
-        if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedModel("%s: domain '%s' is not supported" % (_where(node), node.domain))
         ins = [self.r(i) if i else "" for i in node.input]
         if node.op_type == "Constant":
             from onnx.reference import ReferenceEvaluator
@@ -199,11 +295,7 @@ class Importer:
         if all(i == "" or i in self.consts for i in ins) and node.op_type not in ("Softmax", "LogSoftmax"):
             self.fold(node, ins)
             return
-        handler = getattr(self, "op_" + node.op_type, None)
-        if handler is None:
-            raise UnsupportedModel("%s is not supported. microtrain supports: %s"
-                                   % (_where(node), ", ".join(SUPPORTED)))
-        handler(node, ins)
+        getattr(self, "op_" + node.op_type)(node, ins)   # run() checked that the handler exists
 
     def fold(self, node, ins):
         """Evaluate a node whose inputs are all constants, with onnx.reference."""
@@ -302,7 +394,6 @@ class Importer:
         alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
         if alpha != 1.0:
             W = W * np.float32(alpha)
-            self.notes.append("%s: alpha=%g folded into the weight" % (_where(node), alpha))
         O = W.shape[0] if layout == 0 else W.shape[1]
         K = W.shape[1] if layout == 0 else W.shape[0]
         if K != self.acts[x][1]:
@@ -310,23 +401,26 @@ class Importer:
         bname = None
         if len(ins) > 2 and ins[2]:
             C = self.const(node, ins[2], "the Gemm bias C").astype(np.float32)
-            bname = self.bias_param(node, ins[2], C * np.float32(beta), O)
+            bname = self.bias_param(node, ins[2], C * np.float32(beta), O, fold="beta=%g" % beta if beta != 1 else None)
             if beta != 1.0:
-                self.notes.append("%s: beta=%g folded into the bias" % (_where(node), beta))
-        wname = self.param(ins[1], W, self.consts[ins[1]].shape)
+                self.notes.append("%s: beta=%g folded into the bias %r" % (_where(node), beta, bname))
+        wname = self.param(ins[1], W, self.consts[ins[1]].shape, node, "alpha=%g" % alpha if alpha != 1 else None)
+        if alpha != 1.0:
+            self.notes.append("%s: alpha=%g folded into the weight %r" % (_where(node), alpha, wname))
         self.emit("gemm", [x, wname, bname], node.output[0], {"w_layout": layout}, node, [self.acts[x][0], O])
 
-    def bias_param(self, node, name, C, O, out_rank=2):
+    def bias_param(self, node, name, C, O, out_rank=2, fold=None):
         """C broadcast onto a layer output (N, O, ...) of rank out_rank must vary along O only."""
         full = (1,) * (out_rank - C.ndim) + tuple(C.shape) if C.ndim <= out_rank else None
         if full is None or any(d != 1 for i, d in enumerate(full) if i != 1):
             raise UnsupportedModel("%s: bias of shape %s does not broadcast per output channel onto an output of "
                                    "rank %d with %d channels" % (_where(node), C.shape, out_rank, O))
         if C.size == O:
-            return self.param(name, C.reshape(O), C.shape)
+            return self.param(name, C.reshape(O), C.shape, node, fold)
         if C.size == 1:
             self.notes.append("%s: scalar bias broadcast to %d outputs" % (_where(node), O))
-            return self.param(name, np.full(O, C.reshape(()), np.float32), (O,))
+            return self.param(name, np.full(O, C.reshape(()), np.float32), (O,), node,
+                              "broadcast to %d" % O + (", " + fold if fold else ""))
         raise UnsupportedModel("%s: bias of shape %s does not broadcast per output (%d)" % (_where(node), C.shape, O))
 
     def op_MatMul(self, node, ins):
@@ -367,6 +461,8 @@ class Importer:
         if prod.op == "conv" and C.size != O and C.size != 1:
             raise UnsupportedModel("%s: constant of shape %s is not a per-channel bias" % (_where(node), C.shape))
         prod.inputs[2] = self.bias_param(node, consts[0], C, O, len(self.acts[x]))
+        prod.parts.update(bias_add=node.name or node.output[0],
+                          bias_input=node.input[[self.r(i) for i in node.input].index(consts[0])])
         self.alias[node.output[0]] = x
 
     # ---- activations and pooling ----
@@ -516,18 +612,24 @@ class Importer:
         s = scale / np.sqrt(var + float(a.get("epsilon", 1e-5)))
         shift = bias - mean * s
         prod = self.producer.get(x)
+        # folded into the layer before only if that layer's weight and bias are its own: a weight
+        # shared with another layer stays as it is, and this becomes a layer of its own (below)
         foldable = (prod is not None and prod.op in ("conv", "gemm") and self.uses.get(x, 0) == 1
-                    and sum(1 for n in self.nodes if prod.inputs[1] in n.inputs) == 1)
+                    and self.exclusive(prod.inputs[1]) and self.exclusive(prod.inputs[2]))
+        how = "BatchNormalization '%s'" % (node.name or node.output[0])
         if foldable:
             w = self.values[prod.inputs[1]]
             shape = [-1, 1, 1, 1] if prod.op == "conv" else ([-1, 1] if prod.attrs["w_layout"] == 0 else [1, -1])
             w.data = (w.data.astype(np.float64) * s.reshape(shape)).astype(np.float32)
+            self.origins[prod.inputs[1]]["folds"].append(how)
             b = self.values[prod.inputs[2]].data.astype(np.float64) if prod.inputs[2] else 0.0
             newb = (b * s + shift).astype(np.float32)
             if prod.inputs[2]:
                 self.values[prod.inputs[2]].data = newb
+                self.origins[prod.inputs[2]]["folds"].append(how)
             else:
-                prod.inputs[2] = self.param(ins[2], newb, newb.shape)
+                prod.inputs[2] = self.param(ins[2], newb, newb.shape, node, how + " (as the layer's bias)")
+            prod.parts["bn"] = node.name or node.output[0]
             self.alias[node.output[0]] = x
             self.notes.append("%s folded into '%s'" % (_where(node), prod.onnx_name))
             return
@@ -537,8 +639,9 @@ class Importer:
                                    "4-D input; got %s" % (_where(node), xs))
         # a per-channel scale and shift is a 1x1 depthwise convolution
         C = xs[1]
-        wname = self.param(ins[1], s.astype(np.float32).reshape(C, 1, 1, 1), (C, 1, 1, 1))
-        bname = self.param(ins[2], shift.astype(np.float32), (C,))
+        wname = self.param(ins[1], s.astype(np.float32).reshape(C, 1, 1, 1), (C, 1, 1, 1), node,
+                           how + " scale / sqrt(var + epsilon)")
+        bname = self.param(ins[2], shift.astype(np.float32), (C,), node, how + " bias - mean * scale")
         attrs = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=C)
         self.emit("conv", [x, wname, bname], node.output[0], attrs, node, xs)
         self.notes.append("%s became a per-channel scale and shift (1x1 depthwise conv)" % _where(node))
@@ -566,8 +669,9 @@ class Importer:
 
 
 def import_onnx(model, loss="cross-entropy"):
-    model, notes = load_model(model)
+    model, notes, fingerprint = load_model(model)
     imp = Importer(model, loss)
     graph = imp.run()
     graph.notes[:0] = notes
+    graph.fingerprint = fingerprint
     return graph

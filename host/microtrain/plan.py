@@ -15,7 +15,7 @@ import numpy as np
 
 from . import format as F
 from . import planner
-from .native import Core
+from .native import Core, PlanError
 
 OP_NAMES = {op.code: op.name for op in F.OPS}
 PHASE_NAMES = {v: k for k, v in F.PHASES.items()}
@@ -151,6 +151,7 @@ class Plan:
     """A validated plan. Build with microtrain.compile() or load_plan()."""
 
     def __init__(self, data: bytes):
+        _check_kind(data)
         core = Core(data)     # the C validator decides; raises PlanError (ValueError)
         self.context_bytes = core.info()["context_bytes"]   # the decoded plan in the device's RAM
         self.data = bytes(data)
@@ -202,6 +203,21 @@ class Plan:
             return i
         return [owner(i) for i in range(len(self.tensors))]
 
+    def constant(self, name):
+        """The value of a constant tensor (a frozen parameter), from the plan's data."""
+        t = self.tensors[self.tensor_index(name)]
+        if t["storage"] != "CONST":
+            raise ValueError("%r is not a constant of the plan" % name)
+        return np.frombuffer(self.data, np.float32, t["bytes"] // 4, self.header["data_off"] + t["offset"]) \
+            .reshape(t["shape"]).copy()
+
+    def export(self, params, onnx_in, onnx_out=None):
+        """Write the ONNX model the plan was compiled from (onnx_in: path, bytes or ModelProto) with
+        `params` ({name: array}, as Simulator.params() returns) in place to onnx_out; returns the
+        ModelProto. BatchNormalization-folded layers are written as the folded Conv/Gemm."""
+        from .export import export_trained
+        return export_trained(self, params, onnx_in, onnx_out)
+
     def params(self):
         """Names of the trainable parameters, in plan order."""
         return [t["name"] for t in self.tensors if t["flags"] & F.TFLAGS["PARAM"]]
@@ -251,6 +267,29 @@ class Plan:
         }
 
 
+def _check_kind(data, where="the plan"):
+    """What the C validator cannot say helpfully: an ONNX model given as a plan, or a plan of
+    another format version."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < 6:
+        return
+    data = bytes(data[:F.HEADER_BYTES]) if data[:4] == F.MAGIC else bytes(data)
+    if data[:4] == F.MAGIC:
+        version = struct.unpack_from("<H", data, F.header_offsets()["version"])[0]
+        if version != F.VERSION:
+            raise PlanError("%s has plan format version %d, this runtime reads %d: recompile the model with this "
+                            "microtrain (microtrain compile MODEL.onnx -o PLAN.mtp)" % (where, version, F.VERSION))
+        return
+    try:
+        import onnx
+        model = onnx.load_from_string(data)
+        is_onnx = model.ir_version > 0 and len(model.graph.node) > 0
+    except Exception:   # not a protobuf at all
+        is_onnx = False
+    if is_onnx:
+        raise PlanError("%s is an ONNX model, not a training plan: compile it first "
+                        "(microtrain compile MODEL.onnx -o PLAN.mtp)" % where)
+
+
 def load_plan(path):
     """Read and validate a plan file."""
     try:
@@ -258,4 +297,5 @@ def load_plan(path):
             data = f.read()
     except OSError as e:
         raise ValueError("cannot read plan %s: %s" % (path, e.strerror)) from e
+    _check_kind(data, str(path))
     return Plan(data)

@@ -2,13 +2,21 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 
 from . import format as F
 from .native import Core
 from .plan import Plan
+
+
+class TrainingDiverged(ValueError):
+    """The loss stopped being finite: the parameters are as they were before that step."""
+
+    def __init__(self, epoch, sample, k, lr, detail, fix="lower the learning rate (lr=%g)"):
+        self.epoch, self.sample, self.k, self.lr, self.detail = epoch, sample, k, lr, detail
+        super().__init__("training diverged at epoch %d, sample %d (step %d of the epoch): the loss is not finite "
+                         "[%s], so that step changed nothing; %s" % (epoch, sample, k, detail, fix % lr))
 
 
 class Simulator:
@@ -74,6 +82,37 @@ class Simulator:
         """Trainable parameters now, by ONNX initializer name, in ONNX shapes."""
         return self._state("PARAM")
 
+    def set_params(self, params):
+        """Load trainable parameters ({name: array}, as params() returns them or as
+        `simulate --save-params` writes them; any subset). Every name, shape and value is
+        checked before any parameter changes. Optimizer state is left as it is."""
+        if not hasattr(params, "items"):
+            raise TypeError("set_params needs a dict {name: array} (or an npz file's contents), not %s"
+                            % type(params).__name__)
+        known = {t["name"]: i for i, t in enumerate(self.plan.tensors) if t["flags"] & F.TFLAGS["PARAM"]}
+        checked = []
+        for name, v in params.items():
+            if name not in known:
+                raise ValueError("%r is not a trainable parameter of this plan; its parameters are %s"
+                                 % (name, ", ".join(known)))
+            t = self.plan.tensors[known[name]]
+            shape = self.param_shapes.get(name, t["shape"])
+            v = np.asarray(v)
+            if v.dtype.kind not in "fiu" or v.size != int(np.prod(t["shape"])):
+                raise ValueError("parameter %r: got shape %s (%s), the plan's is %s" % (name, v.shape, v.dtype,
+                                                                                       tuple(shape)))
+            v = v.astype(np.float32).reshape(t["shape"])
+            if not np.all(np.isfinite(v)):
+                raise ValueError("parameter %r contains NaN or infinity" % name)
+            checked.append((known[name], v))
+        for i, v in checked:   # the tensor's own memory in the core's RAM
+            self.core.array(i)[...] = v
+
+    def export(self, onnx_in, onnx_out=None):
+        """The ONNX model the plan was compiled from, with the parameters trained here in place
+        (see Plan.export); written to onnx_out if given, and returned as a ModelProto."""
+        return self.plan.export(self.params(), onnx_in, onnx_out)
+
     def grads(self):
         """The sum of the per-sample gradients seen so far in the current batch
         (the update at the batch's end applies their mean). Only when batch > 1:
@@ -103,46 +142,110 @@ class Simulator:
             raise ValueError("lr must be a finite number >= 0, got %r" % value)
         self.core.ctx.lr = value
 
+    # ---- data sets ----
+    def check_data(self, x, y, names=("x", "y")):
+        """(x, y) as float32 samples of the input shape and labels (cross-entropy) or targets (mse),
+        checked whole before any is used: each problem raises ValueError naming the array, the
+        sample, the value and what to do."""
+        xn, yn = names
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype.kind not in "fiub" or x.ndim == 0:
+            raise ValueError("%s must be an array of numbers with samples first, got %s of dtype %s"
+                             % (xn, "a scalar" if x.ndim == 0 else "shape %s" % (x.shape,), x.dtype))
+        if len(x) == 0:
+            raise ValueError("%s has no samples (shape %s)" % (xn, x.shape))
+        if x[0].size != self.n_in:
+            raise ValueError("%s has shape %s: samples of %d values, but the model input takes %d (shape %s)"
+                             % (xn, x.shape, x[0].size, self.n_in, self.input_shape))
+        x = x.astype(np.float32).reshape((len(x),) + self.input_shape)
+        bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(1))
+        if bad.size:
+            raise ValueError("%s[%d] contains NaN or infinity (%d sample%s in all)" % (xn, bad[0], bad.size,
+                                                                                     "" if bad.size == 1 else "s"))
+        if y.ndim == 0 or len(y) != len(x):
+            raise ValueError("%s has %d samples but %s has %s" % (xn, len(x), yn, "a scalar" if y.ndim == 0 else
+                                                                   "%d" % len(y)))
+        n_out = int(np.prod(self.output_shape))
+        if self.plan.loss == "cross-entropy":
+            if y.ndim == 2 and y.shape[1] == n_out and n_out > 1 and np.isin(y, (0, 1)).all():
+                raise ValueError("%s holds one-hot rows (shape %s); cross-entropy takes one class label per sample: "
+                                 "use %s.argmax(1)" % (yn, y.shape, yn))
+            if y.ndim > 1 and y[0].size != 1:
+                raise ValueError("%s has shape %s; cross-entropy takes one integer class label per sample (0 to %d)"
+                                 % (yn, y.shape, n_out - 1))
+            y = y.reshape(len(y))
+            if y.dtype.kind not in "iub":
+                frac = np.flatnonzero(~np.isfinite(y) | (y != np.round(y))) if y.dtype.kind == "f" else [0]
+                if len(frac) or y.dtype.kind != "f":
+                    i = frac[0]
+                    raise ValueError("%s[%d] = %s is not a class label; a cross-entropy plan takes integer labels "
+                                     "0 to %d. To fit real-valued targets, compile with --loss mse"
+                                     % (yn, i, "%g" % y[i] if y.dtype.kind == "f" else repr(y[i]), n_out - 1))
+            y = y.astype(np.int64)
+            out = np.flatnonzero((y < 0) | (y >= n_out))
+            if out.size:
+                raise ValueError("%s[%d] = %d is not a class of this model: labels go from 0 to %d (%d sample%s "
+                                 "outside)" % (yn, out[0], y[out[0]], n_out - 1, out.size, "" if out.size == 1 else "s"))
+            return x, y
+        if y.dtype.kind not in "fiub":
+            raise ValueError("%s must hold numbers (mse targets), got dtype %s" % (yn, y.dtype))
+        if y[0].size != n_out:
+            raise ValueError("%s has shape %s: %d target value%s per sample, but the model output has %d (shape %s); "
+                             "mse targets have the output's shape" % (yn, y.shape, y[0].size,
+                                                                      "" if y[0].size == 1 else "s", n_out,
+                                                                      self.output_shape))
+        y = y.astype(np.float32).reshape((len(y),) + self.output_shape)
+        bad = np.flatnonzero(~np.isfinite(y.reshape(len(y), -1)).all(1))
+        if bad.size:
+            raise ValueError("%s[%d] contains NaN or infinity" % (yn, bad[0]))
+        return x, y
+
     # ---- loops ----
     def evaluate(self, x, y):
         """Accuracy (cross-entropy) or mean squared error (mse) over a data set."""
-        out = self.predict(np.asarray(x, np.float32))
+        x, y = self.check_data(x, y)
+        out = self.predict(x)
         if self.plan.loss == "cross-entropy":
-            return float(np.mean(out.reshape(len(out), -1).argmax(1) == np.asarray(y).reshape(-1)))
-        return float(np.mean((out.reshape(len(out), -1) - np.asarray(y, np.float32).reshape(len(out), -1)) ** 2))
+            return float(np.mean(out.reshape(len(out), -1).argmax(1) == y))
+        return float(np.mean((out.reshape(len(out), -1) - y.reshape(len(out), -1)) ** 2))
 
     def fit(self, x, y, epochs=1, shuffle=True, seed=0, progress=None, on_epoch=None):
-        """Train over (x, y) for some epochs; returns the mean loss of each epoch.
-        progress: a file to draw a progress bar on (default: stderr if it is a
-        terminal). on_epoch(epoch, mean_loss) is called after each epoch."""
-        x = np.asarray(x, np.float32)
-        y = np.asarray(y)
-        if len(x) != len(y):
-            raise ValueError("x has %d samples but y has %d" % (len(x), len(y)))
-        if len(x) == 0:
-            raise ValueError("no samples to train on")
-        if progress is None and sys.stderr.isatty():
-            progress = sys.stderr
+        """Train over (x, y) for some epochs; returns the mean loss of each epoch. progress: show a
+        progress bar (tqdm) on stderr; default: when stderr is a terminal. on_epoch(epoch,
+        mean_loss) is called after each epoch. A step whose loss is not finite raises
+        TrainingDiverged naming the epoch and the sample; the parameters stay as before it."""
+        x, y = self.check_data(x, y)
+        if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
+            raise ValueError("epochs must be a whole number >= 1, got %r" % (epochs,))
+        if progress is None:
+            progress = sys.stderr.isatty()
         rng = np.random.default_rng(seed)
         history = []
         for e in range(epochs):
             order = rng.permutation(len(x)) if shuffle else np.arange(len(x))
-            total, t0 = 0.0, time.monotonic()
-            for k, i in enumerate(order):
-                total += self.step(x[i], y[i])
-                if progress and (k % 50 == 0 or k == len(order) - 1):
-                    _bar(progress, e + 1, epochs, k + 1, len(order), total / (k + 1), time.monotonic() - t0)
+            total = 0.0
+            bar = _progress(len(order), "epoch %d/%d" % (e + 1, epochs)) if progress else None
+            try:
+                for k, i in enumerate(order):
+                    try:
+                        total += self.step(x[i], y[i])
+                    except ValueError as err:
+                        if "loss is not finite" not in str(err):
+                            raise
+                        raise TrainingDiverged(e + 1, int(i), k + 1, self.lr, str(err)) from None
+                    if bar is not None:
+                        bar.update(1)
+                        if k % 50 == 0 or k == len(order) - 1:
+                            bar.set_postfix(loss="%.4f" % (total / (k + 1)))
+            finally:
+                if bar is not None:
+                    bar.close()
             history.append(total / len(x))
-            if progress:
-                progress.write("\n")
             if on_epoch:
                 on_epoch(e + 1, history[-1])
         return history
 
 
-def _bar(f, epoch, epochs, done, n, loss, elapsed):
-    width = 30
-    filled = int(width * done / n)
-    f.write("\repoch %d/%d [%s%s] %d/%d loss %.4f %.1fs" % (epoch, epochs, "#" * filled, "." * (width - filled),
-                                                          done, n, loss, elapsed))
-    f.flush()
+def _progress(n, desc):
+    from tqdm import tqdm
+    return tqdm(total=n, desc=desc, unit="sample", leave=True, file=sys.stderr)

@@ -102,17 +102,21 @@ class Builder:
         return self.tensor(TTensor(name, tuple(shape), view_of=of))
 
     def sink(self, pname):
-        """(momentum, accumulator) tensors of a trainable parameter, created once."""
+        """The optimizer slots (momentum, accumulator) of a gradient op for a trainable parameter,
+        whose tensors are created once. With batch 1 the gradient op updates the parameter at
+        once, unless several layers share the parameter: their gradients are summed in an
+        accumulator first (as PyTorch sums a tied weight's), and an SGD op at the end of the
+        batch applies them, so a backward-input op never sees a weight the forward did not use."""
         if pname not in self.opt:
             p = self.tensors[self.index[pname]]
             m = acc = None
-            if self.batch > 1:
+            if self.batch > 1 or self.users[pname] > 1:
                 acc = self.tensor(TTensor("acc(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["GRAD_ACC"]))
             if self.momentum > 0:
                 m = self.tensor(TTensor("mom(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["MOMENTUM"]))
             self.opt[pname] = (m, acc)
         m, acc = self.opt[pname]
-        return [m if self.batch == 1 else None, acc]
+        return [m if acc is None else None, acc]
 
     # ---- build ----
     def live_nodes(self):
@@ -136,6 +140,11 @@ class Builder:
 
     def build(self):
         nodes = self.live_nodes()
+        self.users = {}   # trainable parameter -> how many of the layers run use it
+        for n in nodes:
+            for p in (n.weight(), n.bias()):
+                if p in self.trainable:
+                    self.users[p] = self.users.get(p, 0) + 1
         x = self.value_tensor(self.g.input)
         self.tensors[x].flags |= F.TFLAGS["INPUT"]
         for n in nodes:
@@ -148,26 +157,33 @@ class Builder:
             target = self.tensor(TTensor("target", self.tensors[out].shape, flags=F.TFLAGS["TARGET"]))
         self.target, self.output, self.input = target, out, x
         # which values need a gradient: those downstream of a trainable parameter
-        needs = set(self.trainable)
+        # (a view needs one when its source does, so views are resolved as each node is
+        # reached: a view feeding a parameterless op must not cut the gradient)
+        self.needs = set(self.trainable)
         for n in nodes:
-            if any(i in needs for i in n.inputs if i):
-                needs.add(n.output)
-        for name, v in self.g.values.items():
-            if v.view_of is not None and self.g.root(name) in needs:
-                needs.add(name)
-        self.needs = needs
+            if any(self.needs_grad(i) for i in n.inputs if i):
+                self.needs.add(n.output)
+        self.needs.update(name for name in self.g.values if self.needs_grad(name))
         dout = self.grad_tensor(self.g.output, out)
         self.op("SOFTMAX_CE" if self.loss == "cross-entropy" else "MSE", "TRAIN", [out, target, dout], source="loss")
         self.contribute(self.g.output, dout)   # the output may be a view (Flatten last): reach its source
         for n in reversed(nodes):
             self.backward(n)
         for pname in sorted(self.opt, key=lambda p: self.index[p]):
-            if self.batch > 1:
-                m, acc = self.opt[pname]
+            m, acc = self.opt[pname]
+            if acc is not None:
                 self.op("SGD", "BATCH_END", [self.index[pname], m, acc], source=pname)
         if self.allow_inplace:
             self.inplace()
         return self.tensors, self.ops
+
+    def needs_grad(self, name):
+        """Whether value `name` (or the value it is a view of) lies downstream of a trainable parameter."""
+        while name is not None:
+            if name in self.needs:
+                return True
+            name = self.g.values[name].view_of
+        return False
 
     def forward(self, n):
         self.fwd[n.output] = self.forward_op(n)
@@ -282,6 +298,42 @@ class Builder:
                 to.view_of = rs
                 last[rs] = max(last.get(rs, -1), last.pop(ro, -1))
                 break
+
+
+class InternalError(RuntimeError):
+    """A compiler bug: the plan would not do what the compiler reports. Never a user error."""
+
+
+def check_gradient_paths(tensors, ops, trainable):
+    """The invariant a training plan keeps: every parameter reported trainable is updated
+    by an op that reads a gradient flowing back from the loss. Raises InternalError
+    otherwise, so a plan that silently does not train is never written."""
+    def root(i):
+        while tensors[i].view_of is not None:
+            i = tensors[i].view_of
+        return i
+
+    from_loss = set()   # memory roots holding a gradient that flows back from the loss
+    updated = set()
+    for o in ops:
+        spec = o.spec
+        reads = [s for slot, s in zip(spec.slots, o.slots) if s is not None and slot.role == "in"]
+        is_loss = o.name in ("SOFTMAX_CE", "MSE")
+        if not is_loss and not any(root(s) in from_loss for s in reads):
+            continue
+        for slot, s in zip(spec.slots, o.slots):
+            if s is None:
+                continue
+            if slot.role == "out":
+                from_loss.add(root(s))
+            elif slot.role == "param" and o.phase == "TRAIN":
+                updated.add(tensors[s].name)
+    missing = sorted(set(trainable) - updated)
+    if missing:
+        raise InternalError("internal error: %s reported trainable but no gradient from the loss reaches %s; "
+                            "the plan would not train %s. Please report this with the model."
+                            % (", ".join(map(repr, missing)), "it" if len(missing) == 1 else "them",
+                               "it" if len(missing) == 1 else "them"))
 
 
 def macs_total(ops):

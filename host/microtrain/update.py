@@ -45,7 +45,7 @@ def resolve_update(graph, update):
     if unknown:
         raise ValueError("cannot train %s: not a weight or bias of a Conv/Gemm layer. Trainable initializers are: %s"
                          % (", ".join(map(repr, unknown)), ", ".join(all_params)))
-    _check_unshared(graph, names)
+    _check_copies(graph, names)
     return set(names)
 
 
@@ -74,9 +74,22 @@ def _read_json(path):
     return doc
 
 
-def _check_unshared(graph, names):
+def _check_copies(graph, names):
+    """An initializer several layers use is one parameter (tied weights: its gradients are
+    summed), unless a layer folded something into its use (Gemm alpha, BatchNormalization):
+    then the uses are different tensors, which training would pull apart."""
+    forms = {}
+    for p, origin in graph.origins.items():
+        forms.setdefault(origin["init"], []).append(p)
     for name in names:
-        users = [n.onnx_name for n in graph.nodes if name in n.inputs]
-        if len(users) > 1:
-            raise ValueError("cannot train %r: it is shared by %d nodes (%s); microtrain trains a parameter used "
-                             "by one layer only" % (name, len(users), ", ".join(users)))
+        init = graph.origins[name]["init"]
+        if len(forms[init]) > 1:
+            uses = []
+            for p in forms[init]:
+                nodes = ", ".join("'%s'" % n.onnx_name for n in graph.nodes if p in n.inputs)
+                folds = graph.origins[p]["folds"]
+                uses.append("%s %s, as %r" % (nodes, "with " + " and ".join(folds) + " folded in" if folds else "as it is", p))
+            raise ValueError("cannot train initializer %r: the model uses it in %d different forms (%s), which training "
+                             "would pull apart. Freeze it (an --update list without %s), or export the model "
+                             "without the folded scaling" % (init, len(forms[init]), "; ".join(uses),
+                                                              " and ".join(repr(p) for p in forms[init])))

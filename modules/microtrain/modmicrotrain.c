@@ -680,7 +680,7 @@ static MP_DEFINE_CONST_OBJ_TYPE(
     );
 
 static const mp_rom_map_elem_t microtrain_module_globals_table[] = {
-    { MP_ROM_QSTR(MP_QSTR___name__), MP_ROM_QSTR(MP_QSTR_microtrain) },
+    { MP_ROM_QSTR(MP_QSTR___name__), MP_ROM_QSTR(MP_QSTR__microtrain) },
     { MP_ROM_QSTR(MP_QSTR_Trainer), MP_ROM_PTR(&mt_type_trainer) },
     { MP_ROM_QSTR(MP_QSTR_FORMAT_VERSION), MP_ROM_INT(MT_VERSION) },
 };
@@ -691,7 +691,8 @@ const mp_obj_module_t microtrain_user_cmodule = {
     .globals = (mp_obj_dict_t *)&microtrain_module_globals,
 };
 
-MP_REGISTER_MODULE(MP_QSTR_microtrain, microtrain_user_cmodule);
+/* `_microtrain`: the device package `microtrain` (python/microtrain/) re-exports it. */
+MP_REGISTER_MODULE(MP_QSTR__microtrain, microtrain_user_cmodule);
 
 #endif /* !MICROPY_ENABLE_DYNRUNTIME: the native .mpy's registration is in firmware/natmod/microtrain_natmod.c */
 

@@ -1,0 +1,96 @@
+# Runs on the board (MicroPython). benchmarks/bench.py sends it after its data:
+# FINE, COARSE, BLOB, MASK, MAGIC, COARSE_CTRL (benchmarks/qemu_count.py), CASES,
+# BASELINES, and after benchmarks/plain_mlp.py (make, step). It prints one line
+# per measured window, 'W <case> <what> <four raw timer values>', and the values
+# the host checks against its simulator, 'V <case> <what> <value>'.
+# Every window reads the timers the same way; the host subtracts the empty one.
+import gc
+import machine
+import uctypes
+import microtrain
+from array import array
+
+mem = machine.mem32
+SYST_CSR = 0xE000E010   # SysTick control: bit 1 enables its (1 ms) interrupt
+
+
+def w_empty(m=mem, F=FINE + 4, C=COARSE + 4):
+    a = m[F]; b = m[C]
+    c = m[F]; d = m[C]
+    return a, b, c, d
+
+
+def w_call2(f, p, q, m=mem, F=FINE + 4, C=COARSE + 4):
+    a = m[F]; b = m[C]
+    f(p, q)
+    c = m[F]; d = m[C]
+    return a, b, c, d
+
+
+def w_call3(f, p, q, r, m=mem, F=FINE + 4, C=COARSE + 4):
+    a = m[F]; b = m[C]
+    f(p, q, r)
+    c = m[F]; d = m[C]
+    return a, b, c, d
+
+
+def show(case, what, r):
+    print("W", case, what, r[0], r[1], r[2], r[3])
+
+
+def blob(where):
+    return uctypes.bytearray_at(BLOB + where[0], where[1])
+
+
+def floats(where):
+    return array("f", blob(where))
+
+
+def trainer_case(name, plan, x, label, n_out, reps):
+    t = microtrain.Trainer(blob(plan))
+    xb = blob(x)
+    lo = array("f", [0.0])
+    out = array("f", bytes(4 * n_out))
+    t.step(xb, label, lo)   # step 1 outside the counts; steps 2.. are counted
+    for i in range(reps):
+        gc.collect()
+        show(name, "step", w_call3(t.step, xb, label, lo))
+    print("V", name, "loss", lo[0])
+    for i in range(reps):
+        gc.collect()
+        show(name, "predict", w_call2(t.predict, xb, out))
+    print("V", name, "out0", out[0])
+
+
+def baseline_case(name, w1, b1, w2, b2, x, label, lr, momentum, full, reps):
+    xs = list(floats(x))
+    net = make(floats(w1), floats(b1), floats(w2), floats(b2), len(xs), lr, momentum, full)
+    step(net, xs, label)   # step 1 outside the counts, as for the core
+    for i in range(reps):
+        gc.collect()
+        show(name, "baseline", w_call3(step, net, xs, label))
+    print("V", name, "baseline_loss", net["loss"])   # the last counted step's: the host checks it
+
+
+if bytes(blob((0, len(MAGIC)))) != MAGIC:
+    raise ValueError("no benchmark data at 0x%x: the board's blob address in benchmarks/qemu_count.py is wrong" % BLOB)
+timers_csr = mem[SYST_CSR]
+mem[FINE + 8] = MASK   # RELOAD
+mem[FINE + 4] = MASK   # VALUE
+mem[FINE] = 1          # CTRL: enable, no interrupt
+mem[COARSE] = MASK     # Timer1Load
+mem[COARSE + 8] = COARSE_CTRL
+mem[SYST_CSR] = timers_csr & ~2
+try:
+    for i in range(3):
+        gc.collect()
+        show("-", "empty", w_empty())
+    for c in CASES:
+        trainer_case(*c)
+        gc.collect()
+    for c in BASELINES:
+        baseline_case(*c)
+        gc.collect()
+finally:
+    mem[SYST_CSR] = timers_csr
+print("done")
