@@ -16,14 +16,19 @@ MPY_DIR ?= $(HOME)/.cache/microtrain/micropython
 MOD = _microtrain
 ARCH ?= x64
 
-# The binding and the core (which has its own exp and log: a native module links no libm).
-SRC = $(MICROTRAIN_MOD_SRC)/modmicrotrain.c $(sort $(wildcard $(MICROTRAIN_MOD_SRC)/mt_*.c))
+# The native-module glue (which includes the binding, modmicrotrain.c) and the core
+# (which has its own exp and log: a native module links no libm).
+SRC = $(MICROTRAIN_NATMOD_ROOT)/firmware/natmod/microtrain_natmod.c $(sort $(wildcard $(MICROTRAIN_MOD_SRC)/mt_*.c))
 
 # -fno-tree-loop-distribute-patterns: keep gcc from turning plain loops into
 # strlen/memcpy calls that a native module cannot resolve.
 CFLAGS_EXTRA = -I$(MICROTRAIN_MOD_SRC) -fno-tree-loop-distribute-patterns
 
 include $(MPY_DIR)/py/dynruntime.mk
+
+# modmicrotrain.c is compiled through the glue's #include, not as a source of its own;
+# mpy_ld.py finds qstrs by reading the files its rule is given, so give it this one too.
+$(CONFIG_H): $(MICROTRAIN_MOD_SRC)/modmicrotrain.c
 
 # Soft-float and 64-bit integer helpers (__aeabi_*) from libgcc on ARM. Not
 # LINK_RUNTIME=1: that would also pull in newlib's libc and libm.

@@ -470,6 +470,16 @@ OP_CASES = [
          lambda: Sandwich(nn.Conv2d(4, 8, 3, stride=2, padding=1, groups=4, bias=False), (6, 6)), (3, 6, 6)),
     Case("conv_dilation", lambda: Sandwich(nn.Conv2d(4, 4, 3, padding=2, dilation=2), (7, 7)), (3, 7, 7)),
     Case("conv1d", lambda: Sandwich(nn.Conv1d(4, 5, 3, stride=2, padding=1), (11,)), (3, 11)),
+    # the core's kernel variants (mt_conv.c): 3-wide filters at stride 1 run sliding rows with
+    # checked edges; the backward input pass pads by 2 - pad; narrow inputs leave no interior
+    Case("conv_3x3_valid", lambda: Sandwich(nn.Conv2d(4, 5, 3), (6, 7)), (3, 6, 7)),
+    Case("conv_3x3_pad2", lambda: Sandwich(nn.Conv2d(4, 5, 3, padding=2), (4, 5)), (3, 4, 5)),
+    Case("conv_3x3_narrow", lambda: Sandwich(nn.Conv2d(4, 4, 3, padding=1), (4, 2)), (3, 4, 2)),
+    Case("conv_2x3", lambda: Sandwich(nn.Conv2d(4, 5, (2, 3), padding=(1, 1)), (5, 6)), (3, 5, 6)),
+    Case("conv1d_k3_valid", lambda: Sandwich(nn.Conv1d(4, 5, 3), (9,)), (3, 9)),
+    Case("conv_1x1", lambda: Sandwich(nn.Conv2d(4, 6, 1), (5, 3)), (3, 5, 3)),
+    Case("conv_1x1_groups2", lambda: Sandwich(nn.Conv2d(4, 6, 1, groups=2), (4, 3)), (3, 4, 3)),
+    Case("conv_5x5", lambda: Sandwich(nn.Conv2d(4, 4, 5, padding=2), (6, 5)), (3, 6, 5)),
     Case("linear_nobias", lambda: _stack(nn.Linear(8, 5, bias=False)), (6,)),
     Case("matmul_add", lambda: _stack(MatMulAdd(8, 5)), (6,)),
     Case("matmul_nobias", lambda: _stack(MatMulAdd(8, 5, bias=False)), (6,)),

@@ -27,10 +27,12 @@
  * Float buffers are float32 in native byte order: array('f'), or bytes/bytearray
  * (or a memoryview of them) whose length is a multiple of 4.
  *
- * Built into firmware as a user C module (micropython.mk / micropython.cmake), or,
- * with MICROPY_ENABLE_DYNRUNTIME defined by MicroPython's natmod build, as a
- * native .mpy: everything below uses only functions that py/dynruntime.h provides;
- * the two builds differ only in the sections marked MICROPY_ENABLE_DYNRUNTIME.
+ * Built into firmware as a user C module (micropython.mk / micropython.cmake), or
+ * as a native .mpy: firmware/natmod/microtrain_natmod.c includes this file with
+ * MICROPY_ENABLE_DYNRUNTIME defined by MicroPython's natmod build and adds the
+ * module's registration and the C library functions a native module lacks.
+ * Everything here uses only functions that py/dynruntime.h provides; the two
+ * builds differ only in the sections marked MICROPY_ENABLE_DYNRUNTIME.
  */
 
 #include <string.h>
@@ -155,6 +157,19 @@ static MP_NORETURN void raise_len(const char *what, size_t have, const char *rol
 /* Get a float32 buffer from obj (array('f'), or a byte buffer of 4k bytes) and
  * return its length in floats. what names the argument in error messages. */
 static size_t get_f32(mp_obj_t obj, mp_buffer_info_t *bi, mp_uint_t flags, const char *what) {
+    #if !MICROPY_ENABLE_DYNRUNTIME && MICROPY_PY_ARRAY
+    /* array('f'), the common case on every step: its fields directly, as objarray.c's
+     * own buffer function would give them (an array is always writable) */
+    if (mp_obj_is_type(obj, &mp_type_array)) {
+        mp_obj_array_t *a = MP_OBJ_TO_PTR(obj);
+        if (a->typecode == 'f') {
+            bi->buf = a->items;
+            bi->len = a->len * sizeof(float);
+            bi->typecode = 'f';
+            return a->len;
+        }
+    }
+    #endif
     /* a str lends its UTF-8 bytes as a buffer, but is never float32 data */
     if (mp_obj_is_str(obj) || !mp_get_buffer(obj, bi, flags)) {
         mt_msg_t m;
@@ -679,67 +694,5 @@ const mp_obj_module_t microtrain_user_cmodule = {
 /* `_microtrain`: the device package `microtrain` (python/microtrain/) re-exports it. */
 MP_REGISTER_MODULE(MP_QSTR__microtrain, microtrain_user_cmodule);
 
-#else /* MICROPY_ENABLE_DYNRUNTIME: native .mpy, see examples/natmod */
+#endif /* !MICROPY_ENABLE_DYNRUNTIME: the native .mpy's registration is in firmware/natmod/microtrain_natmod.c */
 
-/* The C library functions the binding and the core use; a native module links
- * no libc. (The core needs no libm: it has its own exp and log.) */
-#if !defined(__linux__)
-void *memcpy(void *dst, const void *src, size_t n) {
-    return mp_fun_table.memmove_(dst, src, n);
-}
-void *memset(void *s, int c, size_t n) {
-    return mp_fun_table.memset_(s, c, n);
-}
-#endif
-/* gcc would turn these loops back into calls to themselves. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define MT_NO_LIBCALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
-#else
-#define MT_NO_LIBCALLS
-#endif
-MT_NO_LIBCALLS int memcmp(const void *a, const void *b, size_t n) {
-    const unsigned char *p = a, *q = b;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] != q[i]) {
-            return p[i] < q[i] ? -1 : 1;
-        }
-    }
-    return 0;
-}
-MT_NO_LIBCALLS size_t strlen(const char *s) {
-    size_t n = 0;
-    while (s[n] != '\0') {
-        n++;
-    }
-    return n;
-}
-
-mp_obj_full_type_t mt_type_trainer;
-mp_map_elem_t trainer_locals_dict_table[8];
-static MP_DEFINE_CONST_DICT(trainer_locals_dict, trainer_locals_dict_table);
-
-mp_obj_t mpy_init(mp_obj_fun_bc_t *self, size_t n_args, size_t n_kw, mp_obj_t *args) {
-    MP_DYNRUNTIME_INIT_ENTRY
-
-    mt_type_trainer.base.type = (void *)&mp_type_type;
-    mt_type_trainer.flags = MP_TYPE_FLAG_NONE;
-    mt_type_trainer.name = MP_QSTR_Trainer;
-    MP_OBJ_TYPE_SET_SLOT(&mt_type_trainer, make_new, trainer_make_new, 0);
-    MP_OBJ_TYPE_SET_SLOT(&mt_type_trainer, attr, trainer_attr, 1);
-    trainer_locals_dict_table[0] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_step), MP_OBJ_FROM_PTR(&trainer_step_obj) };
-    trainer_locals_dict_table[1] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_predict), MP_OBJ_FROM_PTR(&trainer_predict_obj) };
-    trainer_locals_dict_table[2] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_params), MP_OBJ_FROM_PTR(&trainer_params_obj) };
-    trainer_locals_dict_table[3] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_info), MP_OBJ_FROM_PTR(&trainer_info_obj) };
-    trainer_locals_dict_table[4] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_reset), MP_OBJ_FROM_PTR(&trainer_reset_obj) };
-    trainer_locals_dict_table[5] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_set_params), MP_OBJ_FROM_PTR(&trainer_set_params_obj) };
-    trainer_locals_dict_table[6] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_save_state), MP_OBJ_FROM_PTR(&trainer_save_state_obj) };
-    trainer_locals_dict_table[7] = (mp_map_elem_t) { MP_OBJ_NEW_QSTR(MP_QSTR_load_state), MP_OBJ_FROM_PTR(&trainer_load_state_obj) };
-    MP_OBJ_TYPE_SET_SLOT(&mt_type_trainer, locals_dict, (void *)&trainer_locals_dict, 2);
-
-    mp_store_global(MP_QSTR_Trainer, MP_OBJ_FROM_PTR(&mt_type_trainer));
-    mp_store_global(MP_QSTR_FORMAT_VERSION, MP_OBJ_NEW_SMALL_INT(MT_VERSION));
-
-    MP_DYNRUNTIME_INIT_EXIT
-}
-
-#endif /* MICROPY_ENABLE_DYNRUNTIME */

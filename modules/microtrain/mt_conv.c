@@ -9,6 +9,13 @@
  *   backward input   dx[c] += dy[o] (*) flip(w[o,c])        (gather, stride 1;
  *                    a strided convolution scatters each tap over its outputs)
  *   backward weight  dw[o,c,ky,kx] = sum dy[o] * x[c] shifted, into the sink
+ * prepare picks one of three implementations for the geometry (the record's kind):
+ *   KIND_K3          filters 3 wide at stride 1 (3x3, 2x3, 1-D k=3; depthwise
+ *                    included): whole rows with the filter in registers
+ *   KIND_POINTWISE   1x1 at stride 1 without padding: a matrix product per group
+ *   KIND_GENERIC     anything else (strides, dilations, other sizes): tap by tap
+ * All three give each output the same order of summation (bias, then channels,
+ * filter rows, filter columns), and each weight gradient its terms in output order.
  */
 #include <string.h>
 #include "mt_core.h"
@@ -149,6 +156,403 @@ static float tap_gradient(const pass_t *p, const float *x, const float *dy, int3
     return acc;
 }
 
+/* ---- 3-tap rows: filters 3 wide (at most 3 high), stride 1, dilation 1 ----
+ * Output column j reads input columns j - pl .. j - pl + 2. The interior
+ * columns [pl, OW - pr) read only the input, four outputs a turn, with the
+ * filter in registers for the whole pass; the at most two edge columns on each
+ * side take the taps that exist (PyTorch's zero padding adds nothing else); a
+ * filter row whose input row is outside is skipped. Every output sums its taps
+ * in (row, column) order, and every gradient its terms in output order. */
+
+typedef struct {
+    int32_t pl, pr;               /* edge columns on the left and on the right */
+    int32_t iw, ow;
+} cols_t;
+
+/* One filter row (w0, w1, w2) over input row r, added into output row o. */
+MT_INLINE void k3_row(float *o, const float *r, const cols_t *c, float w0, float w1, float w2) {
+    for (int32_t j = 0; j < c->pl; j++) {          /* left edge: the taps at columns >= 0 */
+        const int32_t i = j - c->pl;
+        float s = o[j];
+        if (i >= 0) {
+            s += r[i] * w0;
+        }
+        if (i + 1 >= 0) {
+            s += r[i + 1] * w1;
+        }
+        o[j] = s + r[i + 2] * w2;
+    }
+    float *oj = o + c->pl;
+    const float *x = r;
+    int32_t n = c->ow - c->pl - c->pr;
+    for (; n >= 4; n -= 4) {
+        const float x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3], x4 = x[4], x5 = x[5];
+        oj[0] = ((oj[0] + x0 * w0) + x1 * w1) + x2 * w2;
+        oj[1] = ((oj[1] + x1 * w0) + x2 * w1) + x3 * w2;
+        oj[2] = ((oj[2] + x2 * w0) + x3 * w1) + x4 * w2;
+        oj[3] = ((oj[3] + x3 * w0) + x4 * w1) + x5 * w2;
+        oj += 4;
+        x += 4;
+    }
+    for (; n > 0; n--) {
+        *oj = ((*oj + x[0] * w0) + x[1] * w1) + x[2] * w2;
+        oj++;
+        x++;
+    }
+    for (int32_t j = c->ow - c->pr; j < c->ow; j++) {   /* right edge: taps inside the row */
+        const int32_t i = j - c->pl;
+        float s = o[j] + r[i] * w0;
+        if (i + 1 < c->iw) {
+            s += r[i + 1] * w1;
+        }
+        o[j] = s;
+    }
+}
+
+/* Gradient of one filter row: g[t] += sum_j d[j] * v(j - pl + t), in j order. */
+MT_INLINE void k3_row_grad(const float *d, const float *r, const cols_t *c, float *g) {
+    float g0 = g[0], g1 = g[1], g2 = g[2];
+    for (int32_t j = 0; j < c->pl; j++) {
+        const int32_t i = j - c->pl;
+        if (i >= 0) {
+            g0 += d[j] * r[i];
+        }
+        if (i + 1 >= 0) {
+            g1 += d[j] * r[i + 1];
+        }
+        g2 += d[j] * r[i + 2];
+    }
+    const float *dj = d + c->pl, *x = r;
+    int32_t n = c->ow - c->pl - c->pr;
+    for (; n >= 2; n -= 2) {
+        const float d0 = dj[0], d1 = dj[1], x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+        g0 += d0 * x0;
+        g1 += d0 * x1;
+        g2 += d0 * x2;
+        g0 += d1 * x1;
+        g1 += d1 * x2;
+        g2 += d1 * x3;
+        dj += 2;
+        x += 2;
+    }
+    if (n > 0) {
+        g0 += dj[0] * x[0];
+        g1 += dj[0] * x[1];
+        g2 += dj[0] * x[2];
+    }
+    for (int32_t j = c->ow - c->pr; j < c->ow; j++) {
+        const int32_t i = j - c->pl;
+        g0 += d[j] * r[i];
+        if (i + 1 < c->iw) {
+            g1 += d[j] * r[i + 1];
+        }
+    }
+    g[0] = g0;
+    g[1] = g1;
+    g[2] = g2;
+}
+
+/* An edge output of three filter rows: s plus the taps inside the input, rows in
+ * order. i = j - pl is its first tap's column: -1 or -2 on the left (taps from
+ * -i on, at columns 0...), iw - 2 or iw - 1 on the right (taps up to iw - 1 - i). */
+MT_INLINE float k3_edge3(float s, int32_t i, int32_t iw, const float *r0, const float *r1, const float *r2,
+    const float *w) {
+    if (i == -1) {
+        s = (s + r0[0] * w[1]) + r0[1] * w[2];
+        s = (s + r1[0] * w[4]) + r1[1] * w[5];
+        return (s + r2[0] * w[7]) + r2[1] * w[8];
+    }
+    if (i == -2) {
+        s += r0[0] * w[2];
+        s += r1[0] * w[5];
+        return s + r2[0] * w[8];
+    }
+    if (i == iw - 2) {
+        s = (s + r0[i] * w[0]) + r0[i + 1] * w[1];
+        s = (s + r1[i] * w[3]) + r1[i + 1] * w[4];
+        return (s + r2[i] * w[6]) + r2[i + 1] * w[7];
+    }
+    s += r0[i] * w[0];
+    s += r1[i] * w[3];
+    return s + r2[i] * w[6];
+}
+
+/* Three filter rows w (row-major 3x3) over input rows r0, r1, r2. */
+MT_INLINE void k3_rows3(float *o, const float *r0, const float *r1, const float *r2, const cols_t *c, const float *w) {
+    for (int32_t j = 0; j < c->pl; j++) {
+        o[j] = k3_edge3(o[j], j - c->pl, c->iw, r0, r1, r2, w);
+    }
+    const float w00 = w[0], w01 = w[1], w02 = w[2], w10 = w[3], w11 = w[4], w12 = w[5];
+    const float w20 = w[6], w21 = w[7], w22 = w[8];
+    float *oj = o + c->pl;
+    float *const end = o + (c->ow - c->pr);
+    const float *x = r0, *y = r1, *z = r2;
+    for (; end - oj >= 4; oj += 4, x += 4, y += 4, z += 4) {
+        float s0 = oj[0], s1 = oj[1], s2 = oj[2], s3 = oj[3];
+        float v0 = x[0], v1 = x[1], v2 = x[2], v3 = x[3], v4 = x[4], v5 = x[5];
+        s0 = ((s0 + v0 * w00) + v1 * w01) + v2 * w02;
+        s1 = ((s1 + v1 * w00) + v2 * w01) + v3 * w02;
+        s2 = ((s2 + v2 * w00) + v3 * w01) + v4 * w02;
+        s3 = ((s3 + v3 * w00) + v4 * w01) + v5 * w02;
+        v0 = y[0], v1 = y[1], v2 = y[2], v3 = y[3], v4 = y[4], v5 = y[5];
+        s0 = ((s0 + v0 * w10) + v1 * w11) + v2 * w12;
+        s1 = ((s1 + v1 * w10) + v2 * w11) + v3 * w12;
+        s2 = ((s2 + v2 * w10) + v3 * w11) + v4 * w12;
+        s3 = ((s3 + v3 * w10) + v4 * w11) + v5 * w12;
+        v0 = z[0], v1 = z[1], v2 = z[2], v3 = z[3], v4 = z[4], v5 = z[5];
+        s0 = ((s0 + v0 * w20) + v1 * w21) + v2 * w22;
+        s1 = ((s1 + v1 * w20) + v2 * w21) + v3 * w22;
+        s2 = ((s2 + v2 * w20) + v3 * w21) + v4 * w22;
+        s3 = ((s3 + v3 * w20) + v4 * w21) + v5 * w22;
+        oj[0] = s0;
+        oj[1] = s1;
+        oj[2] = s2;
+        oj[3] = s3;
+    }
+    if (end - oj >= 2) {
+        float s0 = oj[0], s1 = oj[1];
+        s0 = ((s0 + x[0] * w00) + x[1] * w01) + x[2] * w02;
+        s1 = ((s1 + x[1] * w00) + x[2] * w01) + x[3] * w02;
+        s0 = ((s0 + y[0] * w10) + y[1] * w11) + y[2] * w12;
+        s1 = ((s1 + y[1] * w10) + y[2] * w11) + y[3] * w12;
+        s0 = ((s0 + z[0] * w20) + z[1] * w21) + z[2] * w22;
+        s1 = ((s1 + z[1] * w20) + z[2] * w21) + z[3] * w22;
+        oj[0] = s0;
+        oj[1] = s1;
+        oj += 2;
+        x += 2;
+        y += 2;
+        z += 2;
+    }
+    for (; oj < end; oj++, x++, y++, z++) {
+        float s = *oj;
+        s = ((s + x[0] * w00) + x[1] * w01) + x[2] * w02;
+        s = ((s + y[0] * w10) + y[1] * w11) + y[2] * w12;
+        s = ((s + z[0] * w20) + z[1] * w21) + z[2] * w22;
+        *oj = s;
+    }
+    for (int32_t j = c->ow - c->pr; j < c->ow; j++) {
+        o[j] = k3_edge3(o[j], j - c->pl, c->iw, r0, r1, r2, w);
+    }
+}
+
+/* Gradient of three filter rows: g[3*ky + t] += sum_j d[j] * v_ky(j - pl + t), in j order. */
+MT_INLINE void k3_rows3_grad(const float *d, const float *r0, const float *r1, const float *r2, const cols_t *c,
+    float *g) {
+    if (c->pl > 0) {   /* the left edge columns, one filter row at a time */
+        const cols_t left = {c->pl, 0, c->iw, c->pl};
+        k3_row_grad(d, r0, &left, g);
+        k3_row_grad(d, r1, &left, g + 3);
+        k3_row_grad(d, r2, &left, g + 6);
+    }
+    float g00 = g[0], g01 = g[1], g02 = g[2], g10 = g[3], g11 = g[4], g12 = g[5], g20 = g[6], g21 = g[7], g22 = g[8];
+    const float *dj = d + c->pl, *const end = d + (c->ow - c->pr), *x = r0, *y = r1, *z = r2;
+    for (; end - dj >= 4; dj += 4, x += 4, y += 4, z += 4) {
+        const float d0 = dj[0], d1 = dj[1], d2 = dj[2], d3 = dj[3];
+        float v0 = x[0], v1 = x[1], v2 = x[2], v3 = x[3], v4 = x[4], v5 = x[5];
+        g00 = (((g00 + d0 * v0) + d1 * v1) + d2 * v2) + d3 * v3;
+        g01 = (((g01 + d0 * v1) + d1 * v2) + d2 * v3) + d3 * v4;
+        g02 = (((g02 + d0 * v2) + d1 * v3) + d2 * v4) + d3 * v5;
+        v0 = y[0], v1 = y[1], v2 = y[2], v3 = y[3], v4 = y[4], v5 = y[5];
+        g10 = (((g10 + d0 * v0) + d1 * v1) + d2 * v2) + d3 * v3;
+        g11 = (((g11 + d0 * v1) + d1 * v2) + d2 * v3) + d3 * v4;
+        g12 = (((g12 + d0 * v2) + d1 * v3) + d2 * v4) + d3 * v5;
+        v0 = z[0], v1 = z[1], v2 = z[2], v3 = z[3], v4 = z[4], v5 = z[5];
+        g20 = (((g20 + d0 * v0) + d1 * v1) + d2 * v2) + d3 * v3;
+        g21 = (((g21 + d0 * v1) + d1 * v2) + d2 * v3) + d3 * v4;
+        g22 = (((g22 + d0 * v2) + d1 * v3) + d2 * v4) + d3 * v5;
+    }
+    for (; dj < end; dj++, x++, y++, z++) {
+        const float d0 = dj[0];
+        g00 += d0 * x[0];
+        g01 += d0 * x[1];
+        g02 += d0 * x[2];
+        g10 += d0 * y[0];
+        g11 += d0 * y[1];
+        g12 += d0 * y[2];
+        g20 += d0 * z[0];
+        g21 += d0 * z[1];
+        g22 += d0 * z[2];
+    }
+    g[0] = g00;
+    g[1] = g01;
+    g[2] = g02;
+    g[3] = g10;
+    g[4] = g11;
+    g[5] = g12;
+    g[6] = g20;
+    g[7] = g21;
+    g[8] = g22;
+    for (int32_t j = c->ow - c->pr; j < c->ow; j++) {   /* right edge: taps up to iw - 1 - i */
+        const int32_t i = j - c->pl;
+        const float dj = d[j];
+        g[0] += dj * r0[i];
+        g[3] += dj * r1[i];
+        g[6] += dj * r2[i];
+        if (i + 1 < c->iw) {
+            g[1] += dj * r0[i + 1];
+            g[4] += dj * r1[i + 1];
+            g[7] += dj * r2[i + 1];
+        }
+    }
+}
+
+/* pass_gather for a 3-wide filter w (row-major, KH rows): interior rows (all KH
+ * filter rows inside the input) take three rows at once. */
+static void pass_gather_k3(const pass_t *p, const float *in, float *out, const float *w) {
+    const cols_t c = {p->pl, p->OW - p->IW + 2 - p->pl, p->IW, p->OW};
+    for (int32_t oy = 0; oy < p->OH; oy++) {
+        int32_t ky0, ky1;
+        mt_window_range(oy - p->pt, 1, p->KH, p->IH, &ky0, &ky1);
+        float *o = out + (size_t)oy * p->OW;
+        const float *r = in + (size_t)(oy - p->pt + ky0) * p->IW;   /* under filter row ky0 */
+        if (ky1 - ky0 == 3) {
+            k3_rows3(o, r, r + p->IW, r + 2 * p->IW, &c, w);
+            continue;
+        }
+        for (int32_t ky = ky0; ky < ky1; ky++, r += p->IW) {
+            k3_row(o, r, &c, w[3 * ky], w[3 * ky + 1], w[3 * ky + 2]);
+        }
+    }
+}
+
+/* g[3*ky + kx] += the gradient of tap (ky, kx) over the whole pass, in output order. */
+static void pass_grad_k3(const pass_t *p, const float *x, const float *dy, float *g) {
+    const cols_t c = {p->pl, p->OW - p->IW + 2 - p->pl, p->IW, p->OW};
+    for (int32_t oy = 0; oy < p->OH; oy++) {
+        int32_t ky0, ky1;
+        mt_window_range(oy - p->pt, 1, p->KH, p->IH, &ky0, &ky1);
+        const float *r = x + (size_t)(oy - p->pt + ky0) * p->IW, *d = dy + (size_t)oy * p->OW;
+        if (ky1 - ky0 == 3) {
+            k3_rows3_grad(d, r, r + p->IW, r + 2 * p->IW, &c, g);
+            continue;
+        }
+        for (int32_t ky = ky0; ky < ky1; ky++, r += p->IW) {
+            k3_row_grad(d, r, &c, g + 3 * ky);
+        }
+    }
+}
+
+/* ---- pointwise: 1x1 filters, stride 1, no padding ----
+ * Per group a matrix product over the P = H*W pixels: y[o][p] = b[o] +
+ * sum_c w[o][c] x[c][p]; two output rows and four pixels a turn keep eight sums
+ * in registers, and each sum runs over c in order, as the plane passes do. */
+
+/* Y[r][p] = init[r] + sum_k A(r, k) X[k][p] for r < R, p < P; A(r, k) = a[r*ars + k*aks]
+ * (the weight, or its transpose for the backward input pass). */
+static void pw_product(const float *a, int32_t ars, int32_t aks, uint32_t R, uint32_t K, const float *X, uint32_t P,
+    const float *init, float *Y) {
+    uint32_t r = 0;
+    for (; r + 2 <= R; r += 2) {
+        float *y0 = Y + (size_t)r * P, *y1 = y0 + P;
+        const float b0 = init != NULL ? init[r] : 0.0f, b1 = init != NULL ? init[r + 1] : 0.0f;
+        uint32_t p = 0;
+        for (; p + 4 <= P; p += 4) {
+            float s00 = b0, s01 = b0, s02 = b0, s03 = b0, s10 = b1, s11 = b1, s12 = b1, s13 = b1;
+            const float *x = X + p, *a0 = a + (size_t)r * ars, *a1 = a0 + ars;
+            for (uint32_t k = K; k > 0; k--) {
+                const float w0 = *a0, w1 = *a1, x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+                s00 += w0 * x0;
+                s01 += w0 * x1;
+                s02 += w0 * x2;
+                s03 += w0 * x3;
+                s10 += w1 * x0;
+                s11 += w1 * x1;
+                s12 += w1 * x2;
+                s13 += w1 * x3;
+                a0 += aks;
+                a1 += aks;
+                x += P;
+            }
+            y0[p] = s00;
+            y0[p + 1] = s01;
+            y0[p + 2] = s02;
+            y0[p + 3] = s03;
+            y1[p] = s10;
+            y1[p + 1] = s11;
+            y1[p + 2] = s12;
+            y1[p + 3] = s13;
+        }
+        for (; p < P; p++) {
+            float s0 = b0, s1 = b1;
+            const float *x = X + p, *a0 = a + (size_t)r * ars, *a1 = a0 + ars;
+            for (uint32_t k = K; k > 0; k--) {
+                s0 += *a0 * *x;
+                s1 += *a1 * *x;
+                a0 += aks;
+                a1 += aks;
+                x += P;
+            }
+            y0[p] = s0;
+            y1[p] = s1;
+        }
+    }
+    for (; r < R; r++) {
+        float *y0 = Y + (size_t)r * P;
+        const float b0 = init != NULL ? init[r] : 0.0f;
+        for (uint32_t p = 0; p < P; p++) {
+            float s0 = b0;
+            const float *x = X + p, *a0 = a + (size_t)r * ars;
+            for (uint32_t k = K; k > 0; k--) {
+                s0 += *a0 * *x;
+                a0 += aks;
+                x += P;
+            }
+            y0[p] = s0;
+        }
+    }
+}
+
+/* g[c] = sum_p d[p] x[c][p] for c < n (x rows P apart), two rows a turn, each sum in p order. */
+static void pw_grads(const float *d, const float *x, uint32_t n, uint32_t P, float *g) {
+    uint32_t c = 0;
+    for (; c + 2 <= n; c += 2) {
+        const float *x0 = x + (size_t)c * P, *x1 = x0 + P, *dp = d;
+        float s0 = 0.0f, s1 = 0.0f;
+        uint32_t p = P;
+        for (; p >= 2; p -= 2) {
+            const float d0 = dp[0], d1 = dp[1];
+            s0 = (s0 + d0 * x0[0]) + d1 * x0[1];
+            s1 = (s1 + d0 * x1[0]) + d1 * x1[1];
+            dp += 2;
+            x0 += 2;
+            x1 += 2;
+        }
+        if (p > 0) {
+            s0 += dp[0] * x0[0];
+            s1 += dp[0] * x1[0];
+        }
+        g[c] = s0;
+        g[c + 1] = s1;
+    }
+    if (c < n) {
+        const float *x0 = x + (size_t)c * P;
+        float s0 = 0.0f;
+        for (uint32_t p = 0; p < P; p++) {
+            s0 += d[p] * x0[p];
+        }
+        g[c] = s0;
+    }
+}
+
+/* ---- the ops ---- */
+
+enum { KIND_GENERIC, KIND_K3, KIND_POINTWISE };
+
+/* The 3-tap rows serve filters 3 wide and at most 3 high, stride 1, no dilation,
+ * pads left and right of at most 2 (so the backward input pass, padded 2 - pad,
+ * fits as well), rows of at least 3 and edges that do not meet. */
+static uint8_t conv_kind(const conv_geom_t *g) {
+    if (g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->pt == 0 && g->pl == 0 && g->OH == g->H
+        && g->OW == g->W) {
+        return KIND_POINTWISE;
+    }
+    int32_t pr = (int32_t)g->OW - (int32_t)g->W + 2 - g->pl;
+    return g->KW == 3 && g->KH <= 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 && g->pl <= 2
+           && pr >= 0 && pr <= 2 && g->W >= 3 && g->OW >= 3 && g->OW >= g->pl + (uint32_t)pr
+           && g->W >= (2 - g->pl) + (uint32_t)(2 - pr) ? KIND_K3 : KIND_GENERIC;
+}
+
 /* ---- CONV2D ---- */
 
 typedef struct {
@@ -173,6 +577,7 @@ static uint32_t conv_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
         r->b = op->t[MT_CONV2D_B].ref;
         r->y = op->t[MT_CONV2D_Y].ref;
         conv_prepare_geom(op->a, &op->t[MT_CONV2D_X], &op->t[MT_CONV2D_W], &op->t[MT_CONV2D_Y], &r->g);
+        r->h.kind = conv_kind(&r->g);
     }
     return sizeof(conv_rec_t);
 }
@@ -183,6 +588,13 @@ static int conv_run(mt_ctx_t *ctx, const void *rec) {
     const float *x = MT_F32(ctx, r->x), *w = MT_F32(ctx, r->w), *b = MT_F32(ctx, r->b);
     float *y = MT_F32(ctx, r->y);
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
+    if (r->h.kind == KIND_POINTWISE) {
+        for (uint32_t gi = 0; gi < g->G; gi++) {
+            pw_product(w + gi * g->Og * g->Cg, (int32_t)g->Cg, 1, g->Og, g->Cg, x + gi * g->Cg * plane, (uint32_t)plane,
+                b != NULL ? b + gi * g->Og : NULL, y + gi * g->Og * oplane);
+        }
+        return MT_OK;
+    }
     pass_t p;
     pass_of(g, &p);
     for (uint32_t o = 0; o < g->O; o++) {
@@ -193,7 +605,12 @@ static int conv_run(mt_ctx_t *ctx, const void *rec) {
         }
         const float *xg = x + (o / g->Og) * g->Cg * plane;
         for (uint32_t c = 0; c < g->Cg; c++) {
-            pass_gather(&p, xg + c * plane, yo, w + (o * g->Cg + c) * taps, g->KW, 1);
+            const float *k = w + (o * g->Cg + c) * taps;
+            if (r->h.kind == KIND_K3) {
+                pass_gather_k3(&p, xg + c * plane, yo, k);
+            } else {
+                pass_gather(&p, xg + c * plane, yo, k, g->KW, 1);
+            }
         }
     }
     return MT_OK;
@@ -225,6 +642,7 @@ static uint32_t conv_bwd_input_prepare(const mt_ctx_t *ctx, const mt_op_t *op, v
         r->dx = op->t[MT_CONV2D_BWD_INPUT_DX].ref;
         conv_prepare_geom(op->a, &op->t[MT_CONV2D_BWD_INPUT_DX], &op->t[MT_CONV2D_BWD_INPUT_W],
             &op->t[MT_CONV2D_BWD_INPUT_DY], &r->g);
+        r->h.kind = conv_kind(&r->g);
     }
     return sizeof(conv_bwd_input_rec_t);
 }
@@ -235,6 +653,13 @@ static int conv_bwd_input_run(mt_ctx_t *ctx, const void *rec) {
     const float *dy = MT_F32(ctx, r->dy), *w = MT_F32(ctx, r->w);
     float *dx = MT_F32(ctx, r->dx);
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
+    if (r->h.kind == KIND_POINTWISE) {   /* dx[c] = sum_o w[o][c] dy[o]: the transposed product */
+        for (uint32_t gi = 0; gi < g->G; gi++) {
+            pw_product(w + gi * g->Og * g->Cg, 1, (int32_t)g->Cg, g->Cg, g->Og, dy + gi * g->Og * oplane,
+                (uint32_t)plane, NULL, dx + gi * g->Cg * plane);
+        }
+        return MT_OK;
+    }
     memset(dx, 0, (size_t)g->C * plane * sizeof(float));
     pass_t p;
     pass_of(g, &p);
@@ -251,7 +676,15 @@ static int conv_bwd_input_run(mt_ctx_t *ctx, const void *rec) {
             uint32_t gi = c / g->Cg, cg = c - gi * g->Cg;
             for (uint32_t o = gi * g->Og; o < (gi + 1) * g->Og; o++) {
                 const float *last = w + (o * g->Cg + cg) * taps + taps - 1;
-                pass_gather(&q, dy + o * oplane, dx + c * plane, last, -(int32_t)g->KW, -1);
+                if (r->h.kind == KIND_K3) {
+                    float flipped[9];
+                    for (int32_t i = 0; i < p.KH * 3; i++) {
+                        flipped[i] = last[-i];
+                    }
+                    pass_gather_k3(&q, dy + o * oplane, dx + c * plane, flipped);
+                } else {
+                    pass_gather(&q, dy + o * oplane, dx + c * plane, last, -(int32_t)g->KW, -1);
+                }
             }
         }
     } else {
@@ -303,6 +736,7 @@ static uint32_t conv_bwd_weight_prepare(const mt_ctx_t *ctx, const mt_op_t *op, 
         r->o1 = r->o0 + (uint32_t)a[MT_CONV2D_BWD_WEIGHT_A_O_COUNT];
         r->i0 = (uint32_t)a[MT_CONV2D_BWD_WEIGHT_A_I_BEGIN];
         r->i1 = r->i0 + (uint32_t)a[MT_CONV2D_BWD_WEIGHT_A_I_COUNT];
+        r->h.kind = conv_kind(&r->g);
     }
     return sizeof(conv_bwd_weight_rec_t);
 }
@@ -317,11 +751,27 @@ static int conv_bwd_weight_run(mt_ctx_t *ctx, const void *rec) {
     for (uint32_t o = r->o0; o < r->o1; o++) {
         const float *dyo = dy + o * oplane;
         const float *xg = x + (o / g->Og) * g->Cg * plane;
+        if (r->h.kind == KIND_POINTWISE) {   /* dw[o][c] = dy[o] . x[c], a chunk of channels at a time */
+            float grad[16];
+            for (uint32_t c = r->i0; c < r->i1; c += 16) {
+                uint32_t n = r->i1 - c < 16 ? r->i1 - c : 16;
+                pw_grads(dyo, xg + c * plane, n, (uint32_t)plane, grad);
+                mt_sink_vec(ctx, &r->s, o * g->Cg + c, grad, n);
+            }
+            continue;
+        }
         for (uint32_t c = r->i0; c < r->i1; c++) {
+            const uint32_t at = (o * g->Cg + c) * g->KH * g->KW;
+            if (r->h.kind == KIND_K3) {
+                float grad[9] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                pass_grad_k3(&p, xg + c * plane, dyo, grad);
+                mt_sink_vec(ctx, &r->s, at, grad, (uint32_t)p.KH * 3u);
+                continue;
+            }
             for (int32_t ky = 0; ky < p.KH; ky++) {
                 for (int32_t kx = 0; kx < p.KW; kx++) {
                     float acc = tap_gradient(&p, xg + c * plane, dyo, ky, kx);
-                    mt_sink_vec(ctx, &r->s, ((o * g->Cg + c) * g->KH + (uint32_t)ky) * g->KW + (uint32_t)kx, &acc, 1);
+                    mt_sink_vec(ctx, &r->s, at + (uint32_t)(ky * p.KW + kx), &acc, 1);
                 }
             }
         }

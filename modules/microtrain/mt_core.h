@@ -105,9 +105,11 @@ int mt_sink_check(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *
     int is_grad_op);
 void mt_sink_prepare(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
     mt_sink_rec_t *s);
-/* Elements at..at+n of the parameter receive gradients g[i] (vec) or d * v[i] (outer). */
+/* Elements at..at+n of the parameter receive gradients g[i]. */
 void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, const float *g, uint32_t n);
-void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, float d, const float *v, uint32_t n);
+/* An outer product: for r < rows, elements at + r*stride + [0, n) receive d[r] * v[0..n). */
+void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, const float *d,
+    uint32_t rows, const float *v, uint32_t n);
 
 /* ---- sliding windows (mt_window.c): convolution and pooling geometry ---- */
 

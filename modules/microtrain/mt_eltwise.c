@@ -19,6 +19,8 @@ static int clip_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     return clip_bounds_ok(op) && op->t[MT_CLIP_X].n == op->t[MT_CLIP_Y].n ? MT_OK : MT_E_SHAPE;
 }
 
+enum { KIND_CLIP, KIND_RELU };
+
 static uint32_t clip_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
     clip_rec_t *r = rec;
     (void)ctx;
@@ -28,18 +30,39 @@ static uint32_t clip_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
         r->n = op->t[MT_CLIP_Y].n;
         r->lo = mt_f32_from_bits(op->a[MT_CLIP_A_LO_BITS]);
         r->hi = mt_f32_from_bits(op->a[MT_CLIP_A_HI_BITS]);
+        /* Relu: Clip(+0, +inf), the bits exactly */
+        r->h.kind = op->a[MT_CLIP_A_LO_BITS] == 0 && op->a[MT_CLIP_A_HI_BITS] == 0x7F800000 ? KIND_RELU : KIND_CLIP;
     }
     return sizeof(clip_rec_t);
 }
 
+/* v < lo ? lo : (v > hi ? hi : v); NaN stays NaN. For Relu the upper test never holds. */
+MT_INLINE float clip1(const int kind, float v, float lo, float hi) {
+    if (kind == KIND_RELU) {
+        return v < 0.0f ? 0.0f : v;
+    }
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+MT_INLINE void clip_loop(const int kind, const float *x, float *y, uint32_t n, float lo, float hi) {
+    for (; n >= 4; n -= 4, x += 4, y += 4) {
+        const float a = x[0], b = x[1], c = x[2], d = x[3];
+        y[0] = clip1(kind, a, lo, hi);
+        y[1] = clip1(kind, b, lo, hi);
+        y[2] = clip1(kind, c, lo, hi);
+        y[3] = clip1(kind, d, lo, hi);
+    }
+    for (; n > 0; n--) {
+        *y++ = clip1(kind, *x++, lo, hi);
+    }
+}
+
 static int clip_run(mt_ctx_t *ctx, const void *rec) {
     const clip_rec_t *r = rec;
-    const float lo = r->lo, hi = r->hi;
-    const float *x = MT_F32(ctx, r->x);
-    float *y = MT_F32(ctx, r->y);
-    for (uint32_t i = 0; i < r->n; i++) {
-        float v = x[i];
-        y[i] = v < lo ? lo : (v > hi ? hi : v);
+    if (r->h.kind == KIND_RELU) {
+        clip_loop(KIND_RELU, MT_F32(ctx, r->x), MT_F32(ctx, r->y), r->n, r->lo, r->hi);
+    } else {
+        clip_loop(KIND_CLIP, MT_F32(ctx, r->x), MT_F32(ctx, r->y), r->n, r->lo, r->hi);
     }
     return MT_OK;
 }
@@ -81,8 +104,14 @@ static int clip_bwd_run(mt_ctx_t *ctx, const void *rec) {
     const float lo = r->lo, hi = r->hi;
     const float *y = MT_F32(ctx, r->y), *dy = MT_F32(ctx, r->dy);
     float *dx = MT_F32(ctx, r->dx);
-    for (uint32_t i = 0; i < r->n; i++) {
-        dx[i] = (y[i] > lo && y[i] < hi) ? dy[i] : 0.0f;
+    uint32_t n = r->n;
+    for (; n >= 2; n -= 2, y += 2, dy += 2, dx += 2) {
+        const float a = y[0], b = y[1], da = dy[0], db = dy[1];
+        dx[0] = (a > lo && a < hi) ? da : 0.0f;
+        dx[1] = (b > lo && b < hi) ? db : 0.0f;
+    }
+    if (n > 0) {
+        dx[0] = (y[0] > lo && y[0] < hi) ? dy[0] : 0.0f;
     }
     return MT_OK;
 }

@@ -4,29 +4,127 @@
  * rows (y[r] = M[r,:] . v) or columns (y[c] = M[:,c] . v). */
 #include "mt_core.h"
 
-/* y[r] = init[r] + sum_c M[r][c] v[c] (init NULL: 0), summed in c order. */
+/* y[r] = init[r] + sum_c M[r][c] v[c] (init NULL: 0), summed in c order.
+ * Four rows at a time share each load of v; four columns a turn. */
 static void mv_rows(const float *M, uint32_t R, uint32_t C, const float *v, const float *init, float *y) {
-    for (uint32_t r = 0; r < R; r++) {
-        const float *row = M + (size_t)r * C;
-        float acc = init != NULL ? init[r] : 0.0f;
-        for (uint32_t c = 0; c < C; c++) {
-            acc += row[c] * v[c];
+    uint32_t r = 0;
+    for (; r + 4 <= R; r += 4) {
+        const float *m0 = M + (size_t)r * C, *m1 = m0 + C, *m2 = m1 + C, *m3 = m2 + C, *x = v;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        if (init != NULL) {
+            a0 = init[r];
+            a1 = init[r + 1];
+            a2 = init[r + 2];
+            a3 = init[r + 3];
         }
-        y[r] = acc;
+        uint32_t c = C;
+        for (; c >= 4; c -= 4) {
+            const float x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            a0 += m0[0] * x0;
+            a1 += m1[0] * x0;
+            a2 += m2[0] * x0;
+            a3 += m3[0] * x0;
+            a0 += m0[1] * x1;
+            a1 += m1[1] * x1;
+            a2 += m2[1] * x1;
+            a3 += m3[1] * x1;
+            a0 += m0[2] * x2;
+            a1 += m1[2] * x2;
+            a2 += m2[2] * x2;
+            a3 += m3[2] * x2;
+            a0 += m0[3] * x3;
+            a1 += m1[3] * x3;
+            a2 += m2[3] * x3;
+            a3 += m3[3] * x3;
+            m0 += 4;
+            m1 += 4;
+            m2 += 4;
+            m3 += 4;
+            x += 4;
+        }
+        for (; c > 0; c--) {
+            const float x0 = *x++;
+            a0 += *m0++ * x0;
+            a1 += *m1++ * x0;
+            a2 += *m2++ * x0;
+            a3 += *m3++ * x0;
+        }
+        y[r] = a0;
+        y[r + 1] = a1;
+        y[r + 2] = a2;
+        y[r + 3] = a3;
+    }
+    if (r + 2 <= R) {
+        const float *m0 = M + (size_t)r * C, *m1 = m0 + C, *x = v;
+        float a0 = init != NULL ? init[r] : 0.0f, a1 = init != NULL ? init[r + 1] : 0.0f;
+        for (uint32_t c = C; c > 0; c--) {
+            const float x0 = *x++;
+            a0 += *m0++ * x0;
+            a1 += *m1++ * x0;
+        }
+        y[r] = a0;
+        y[r + 1] = a1;
+        r += 2;
+    }
+    for (; r < R; r++) {
+        const float *m0 = M + (size_t)r * C, *x = v;
+        float a0 = init != NULL ? init[r] : 0.0f;
+        uint32_t c = C;
+        for (; c >= 4; c -= 4) {
+            a0 += m0[0] * x[0];
+            a0 += m0[1] * x[1];
+            a0 += m0[2] * x[2];
+            a0 += m0[3] * x[3];
+            m0 += 4;
+            x += 4;
+        }
+        for (; c > 0; c--) {
+            a0 += *m0++ * *x++;
+        }
+        y[r] = a0;
     }
 }
 
-/* y[c] = init[c] + sum_r M[r][c] v[r] (init NULL: 0), summed in r order; M streamed row by row. */
+/* y[c] = init[c] + sum_r M[r][c] v[r] (init NULL: 0), summed in r order: eight
+ * columns at a time in registers, M read row by row along them. */
 static void mv_cols(const float *M, uint32_t R, uint32_t C, const float *v, const float *init, float *y) {
-    for (uint32_t c = 0; c < C; c++) {
-        y[c] = init != NULL ? init[c] : 0.0f;
-    }
-    for (uint32_t r = 0; r < R; r++) {
-        const float *row = M + (size_t)r * C;
-        const float d = v[r];
-        for (uint32_t c = 0; c < C; c++) {
-            y[c] += row[c] * d;
+    uint32_t c = 0;
+    for (; c + 8 <= C; c += 8) {
+        float a[8];
+        for (int i = 0; i < 8; i++) {
+            a[i] = init != NULL ? init[c + i] : 0.0f;
         }
+        float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5], a6 = a[6], a7 = a[7];
+        const float *m = M + c, *x = v;
+        for (uint32_t r = R; r > 0; r--) {
+            const float d = *x++;
+            a0 += m[0] * d;
+            a1 += m[1] * d;
+            a2 += m[2] * d;
+            a3 += m[3] * d;
+            a4 += m[4] * d;
+            a5 += m[5] * d;
+            a6 += m[6] * d;
+            a7 += m[7] * d;
+            m += C;
+        }
+        y[c] = a0;
+        y[c + 1] = a1;
+        y[c + 2] = a2;
+        y[c + 3] = a3;
+        y[c + 4] = a4;
+        y[c + 5] = a5;
+        y[c + 6] = a6;
+        y[c + 7] = a7;
+    }
+    for (; c < C; c++) {
+        float a0 = init != NULL ? init[c] : 0.0f;
+        const float *m = M + c, *x = v;
+        for (uint32_t r = R; r > 0; r--) {
+            a0 += *m * *x++;
+            m += C;
+        }
+        y[c] = a0;
     }
 }
 
@@ -171,13 +269,9 @@ static int gemm_bwd_weight_run(mt_ctx_t *ctx, const void *rec) {
     const gemm_bwd_weight_rec_t *r = rec;
     const float *dy = MT_F32(ctx, r->dy), *x = MT_F32(ctx, r->x);
     if (r->h.kind == MT_W_LAYOUT_OUT_IN) {
-        for (uint32_t o = r->o0; o < r->o1; o++) {
-            mt_sink_outer(ctx, &r->s, o * r->K + r->k0, dy[o], x + r->k0, r->k1 - r->k0);
-        }
+        mt_sink_outer(ctx, &r->s, r->o0 * r->K + r->k0, r->K, dy + r->o0, r->o1 - r->o0, x + r->k0, r->k1 - r->k0);
     } else {
-        for (uint32_t k = r->k0; k < r->k1; k++) {
-            mt_sink_outer(ctx, &r->s, k * r->O + r->o0, x[k], dy + r->o0, r->o1 - r->o0);
-        }
+        mt_sink_outer(ctx, &r->s, r->k0 * r->O + r->o0, r->O, x + r->k0, r->k1 - r->k0, dy + r->o0, r->o1 - r->o0);
     }
     return MT_OK;
 }

@@ -43,48 +43,137 @@ typedef struct {
     float d, lr, mu, wd, scale;
 } sink_args_t;
 
+/* The update of element k (a constant in each unrolled copy) given its gradient g. */
+MT_INLINE void sink_update(const int mode, float *w, float *m, float *acc, int k, float g, float lr, float mu,
+    float wd) {
+    if (mode == MT_SINK_ACC) {
+        acc[k] += g;
+        return;
+    }
+    if (mode == MT_SINK_SGD_WD || mode == MT_SINK_MOM_WD) {
+        g = g + wd * w[k];
+    }
+    if (mode == MT_SINK_MOM || mode == MT_SINK_MOM_WD) {
+        g = mu * m[k] + g;
+        m[k] = g;
+    }
+    w[k] -= lr * g;
+}
+
+/* The gradient of element k in each form (the BATCH form also clears the accumulator). */
+MT_INLINE float sink_grad(const int form, float *acc, const float *v, int k, float d, float scale) {
+    if (form == FORM_OUTER) {
+        return d * v[k];
+    }
+    if (form == FORM_VEC) {
+        return v[k];
+    }
+    const float g = v[k] * scale;
+    acc[k] = 0.0f;
+    return g;
+}
+
+#define MT_USES_W(mode) ((mode) != MT_SINK_ACC)
+#define MT_USES_M(mode) ((mode) == MT_SINK_MOM || (mode) == MT_SINK_MOM_WD)
+
 /* One loop per (mode, form): mode and form are constants at every call, so
- * each call below compiles to a loop without branches. */
+ * each call below compiles to a loop without branches, four elements a turn. */
 MT_INLINE void sink_loop(const int mode, const int form, const sink_args_t *a, uint32_t n) {
     float *w = a->w, *m = a->m, *acc = a->acc;
     const float *v = a->v;
     const float d = a->d, lr = a->lr, mu = a->mu, wd = a->wd, scale = a->scale;
-    for (uint32_t i = 0; i < n; i++) {
-        float g;
-        if (form == FORM_OUTER) {
-            g = d * v[i];
-        } else if (form == FORM_VEC) {
-            g = v[i];
-        } else {
-            g = v[i] * scale;
-            acc[i] = 0.0f;
-        }
-        if (mode == MT_SINK_ACC) {
-            acc[i] += g;
-            continue;
-        }
-        if (mode == MT_SINK_SGD_WD || mode == MT_SINK_MOM_WD) {
-            g = g + wd * w[i];
-        }
-        if (mode == MT_SINK_MOM || mode == MT_SINK_MOM_WD) {
-            m[i] = mu * m[i] + g;
-            g = m[i];
-        }
-        w[i] -= lr * g;
+    const int uses_acc = mode == MT_SINK_ACC || form == FORM_BATCH;
+    for (; n >= 4; n -= 4) {
+        const float g0 = sink_grad(form, acc, v, 0, d, scale), g1 = sink_grad(form, acc, v, 1, d, scale);
+        const float g2 = sink_grad(form, acc, v, 2, d, scale), g3 = sink_grad(form, acc, v, 3, d, scale);
+        sink_update(mode, w, m, acc, 0, g0, lr, mu, wd);
+        sink_update(mode, w, m, acc, 1, g1, lr, mu, wd);
+        sink_update(mode, w, m, acc, 2, g2, lr, mu, wd);
+        sink_update(mode, w, m, acc, 3, g3, lr, mu, wd);
+        v += 4;
+        w += MT_USES_W(mode) ? 4 : 0;
+        m += MT_USES_M(mode) ? 4 : 0;
+        acc += uses_acc ? 4 : 0;
     }
+    for (; n > 0; n--) {
+        sink_update(mode, w, m, acc, 0, sink_grad(form, acc, v, 0, d, scale), lr, mu, wd);
+        v++;
+        w += MT_USES_W(mode);
+        m += MT_USES_M(mode);
+        acc += uses_acc;
+    }
+}
+
+/* Rows of an outer product two at a time: row r (r < rows) of the parameter, at
+ * a->w + r*stride, gets d[r] * v[0..n); each v[k] is loaded once for both rows. */
+MT_INLINE void sink_rows(const int mode, const sink_args_t *a, uint32_t stride, const float *d, uint32_t rows,
+    uint32_t n) {
+    const float lr = a->lr, mu = a->mu, wd = a->wd;
+    uint32_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const size_t at = (size_t)r * stride;
+        float *w0 = a->w + at, *w1 = w0 + stride, *m0 = a->m + at, *m1 = m0 + stride;
+        float *c0 = a->acc + at, *c1 = c0 + stride;
+        const float *v = a->v;
+        const float d0 = d[r], d1 = d[r + 1];
+        uint32_t k = n;
+        for (; k >= 4; k -= 4) {
+            const float v0 = v[0], v1 = v[1], v2 = v[2], v3 = v[3];
+            sink_update(mode, w0, m0, c0, 0, d0 * v0, lr, mu, wd);
+            sink_update(mode, w1, m1, c1, 0, d1 * v0, lr, mu, wd);
+            sink_update(mode, w0, m0, c0, 1, d0 * v1, lr, mu, wd);
+            sink_update(mode, w1, m1, c1, 1, d1 * v1, lr, mu, wd);
+            sink_update(mode, w0, m0, c0, 2, d0 * v2, lr, mu, wd);
+            sink_update(mode, w1, m1, c1, 2, d1 * v2, lr, mu, wd);
+            sink_update(mode, w0, m0, c0, 3, d0 * v3, lr, mu, wd);
+            sink_update(mode, w1, m1, c1, 3, d1 * v3, lr, mu, wd);
+            v += 4;
+            w0 += MT_USES_W(mode) ? 4 : 0;
+            w1 += MT_USES_W(mode) ? 4 : 0;
+            m0 += MT_USES_M(mode) ? 4 : 0;
+            m1 += MT_USES_M(mode) ? 4 : 0;
+            c0 += mode == MT_SINK_ACC ? 4 : 0;
+            c1 += mode == MT_SINK_ACC ? 4 : 0;
+        }
+        for (; k > 0; k--) {
+            const float v0 = *v++;
+            sink_update(mode, w0, m0, c0, 0, d0 * v0, lr, mu, wd);
+            sink_update(mode, w1, m1, c1, 0, d1 * v0, lr, mu, wd);
+            w0 += MT_USES_W(mode);
+            w1 += MT_USES_W(mode);
+            m0 += MT_USES_M(mode);
+            m1 += MT_USES_M(mode);
+            c0 += mode == MT_SINK_ACC;
+            c1 += mode == MT_SINK_ACC;
+        }
+    }
+    if (r < rows) {
+        sink_args_t last = *a;
+        const size_t at = (size_t)r * stride;
+        last.w += at;
+        last.m += at;
+        last.acc += at;
+        last.d = d[r];
+        sink_loop(mode, FORM_OUTER, &last, n);
+    }
+}
+
+/* The sink's arrays from element at on; an absent one aliases the parameter (never used then). */
+MT_INLINE void sink_args(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, sink_args_t *a) {
+    a->w = MT_F32(ctx, s->w) + at;
+    a->m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + at : a->w;
+    a->acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + at : a->w;
+    a->lr = ctx->lr;
+    a->mu = ctx->momentum;
+    a->wd = ctx->weight_decay;
 }
 
 MT_INLINE void sink_dispatch(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at,
     const float *v, float d, uint32_t n, float scale) {
     sink_args_t a;
-    a.w = MT_F32(ctx, s->w) + at;
-    a.m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + at : NULL;
-    a.acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + at : NULL;
+    sink_args(ctx, s, at, &a);
     a.v = v;
     a.d = d;
-    a.lr = ctx->lr;
-    a.mu = ctx->momentum;
-    a.wd = ctx->weight_decay;
     a.scale = scale;
     switch (s->mode) {
         case MT_SINK_ACC: sink_loop(MT_SINK_ACC, form, &a, n); break;
@@ -99,8 +188,18 @@ void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, const
     sink_dispatch(FORM_VEC, ctx, s, at, g, 0.0f, n, 1.0f);
 }
 
-void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, float d, const float *v, uint32_t n) {
-    sink_dispatch(FORM_OUTER, ctx, s, at, v, d, n, 1.0f);
+void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, const float *d,
+    uint32_t rows, const float *v, uint32_t n) {
+    sink_args_t a;
+    sink_args(ctx, s, at, &a);
+    a.v = v;
+    switch (s->mode) {
+        case MT_SINK_ACC: sink_rows(MT_SINK_ACC, &a, stride, d, rows, n); break;
+        case MT_SINK_SGD: sink_rows(MT_SINK_SGD, &a, stride, d, rows, n); break;
+        case MT_SINK_SGD_WD: sink_rows(MT_SINK_SGD_WD, &a, stride, d, rows, n); break;
+        case MT_SINK_MOM: sink_rows(MT_SINK_MOM, &a, stride, d, rows, n); break;
+        default: sink_rows(MT_SINK_MOM_WD, &a, stride, d, rows, n); break;
+    }
 }
 
 /* ---- BIAS_BWD: dy summed over everything after the channel axis ---- */
