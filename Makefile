@@ -7,7 +7,12 @@ PY := $(abspath $(VENV))/bin/python
 STAMP := $(VENV)/.installed
 CORE := modules/microtrain
 CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
-NATIVE_STAMP := build/native.stamp
+# SANITIZE=1 (make test SANITIZE=1): the cffi core built with -fsanitize=address,undefined and
+# every Python process of the suite started with the sanitizer runtimes preloaded
+SANITIZE ?=
+NATIVE_STAMP := build/native$(if $(filter 1,$(SANITIZE)),-sanitize).stamp
+SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 DEMO_PLAN := build/digits.mtp
 
 .PHONY: all demo test venv native header clean distclean bench rp2040js boards-table
@@ -28,7 +33,8 @@ venv: $(STAMP)
 # the host runs the device's C core through cffi; rebuild it when the C changes
 $(NATIVE_STAMP): $(STAMP) $(CORE_FILES) host/microtrain/_build_native.py
 	@mkdir -p build
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e host
+	rm -f build/native*.stamp
+	MICROTRAIN_SANITIZE=$(SANITIZE) $(PY) -m pip install -q --no-deps --no-build-isolation -e host
 	touch $@
 
 native: $(NATIVE_STAMP)
@@ -45,7 +51,7 @@ demo: native
 	$(PY) -m microtrain simulate $(DEMO_PLAN) --data examples/digits_user.npz --epochs 5
 
 test: native firmware rp2040js
-	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
+	MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
 # counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host

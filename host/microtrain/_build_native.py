@@ -34,6 +34,12 @@ def cdef_from_header(core=CORE):
     return "\n".join(line.rstrip() for line in text.splitlines() if line.strip())
 
 
+# MICROTRAIN_SANITIZE=1 (make native SANITIZE=1): the core built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, every finding fatal. CPython is not instrumented, so the process
+# must start with the sanitizer runtimes preloaded (the Makefile's SANITIZE_ENV does that).
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"] \
+    if os.environ.get("MICROTRAIN_SANITIZE") == "1" else []
+
 ffibuilder = FFI()
 ffibuilder.cdef(cdef_from_header())
 ffibuilder.set_source(
@@ -41,5 +47,6 @@ ffibuilder.set_source(
     '#include "mt.h"',
     sources=SOURCES,
     include_dirs=[CORE],
-    extra_compile_args=["-std=c99", "-O2"],
+    extra_compile_args=["-std=c99", "-O2"] + SANITIZE,
+    extra_link_args=SANITIZE,
 )
