@@ -15,7 +15,7 @@ SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table
+.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table fuzz
 
 all: native
 
@@ -68,6 +68,12 @@ bench: native
 	done
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS)
 	$(PY) benchmarks/perfdoc.py
+
+# libFuzzer on the C core under ASan and UBSan (clang), seeded with real plans of every op:
+# fuzz/run.py prints executions, time, coverage and findings (build/fuzz/artifacts/)
+FUZZ_SECONDS ?= 60
+fuzz: native
+	$(PY) fuzz/run.py --seconds $(FUZZ_SECONDS)
 
 # rp2040js (npm, pinned by tests/rp2040js/package-lock.json) runs the Pico firmware in the tests
 RP2040JS_STAMP := tests/rp2040js/node_modules/.installed
