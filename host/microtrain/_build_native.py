@@ -15,8 +15,24 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE = os.path.normpath(os.path.join(HERE, "..", "..", "modules", "microtrain"))
-# relative: setuptools refuses absolute source paths
-SOURCES = sorted(os.path.relpath(p) for p in glob.glob(os.path.join(CORE, "mt_*.c")))
+
+
+def _sources():
+    """The core's .c files, relative (setuptools refuses absolute paths) and reached through
+    a link in host/build: setuptools puts each object at <build temp>/<source path>, so a
+    path starting with ../ would put the objects outside the build directory, in one
+    place shared by every checkout on the machine (a build could link another's)."""
+    link = os.path.join(HERE, "..", "build", "core")
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.realpath(link) != os.path.realpath(CORE):
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(os.path.relpath(CORE, os.path.dirname(link)), link)
+    return sorted(os.path.relpath(os.path.join(link, os.path.basename(p)))
+                  for p in glob.glob(os.path.join(CORE, "mt_*.c")))
+
+
+SOURCES = _sources()
 
 
 def cdef_from_header(core=CORE):
