@@ -7,10 +7,15 @@ PY := $(abspath $(VENV))/bin/python
 STAMP := $(VENV)/.installed
 CORE := modules/microtrain
 CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
-NATIVE_STAMP := build/native.stamp
+# SANITIZE=1 (make test SANITIZE=1): the cffi core built with -fsanitize=address,undefined and
+# every Python process of the suite started with the sanitizer runtimes preloaded
+SANITIZE ?=
+NATIVE_STAMP := build/native$(if $(filter 1,$(SANITIZE)),-sanitize).stamp
+SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table serial-demo
+.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table serial-demo fuzz
 
 all: native
 
@@ -28,7 +33,8 @@ venv: $(STAMP)
 # the host runs the device's C core through cffi; rebuild it when the C changes
 $(NATIVE_STAMP): $(STAMP) $(CORE_FILES) host/microtrain/_build_native.py
 	@mkdir -p build
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e host
+	rm -f build/native*.stamp
+	MICROTRAIN_SANITIZE=$(SANITIZE) $(PY) -m pip install -q --no-deps --no-build-isolation -e host
 	touch $@
 
 native: $(NATIVE_STAMP)
@@ -58,7 +64,7 @@ serial-demo: native firmware-mps2_an500
 	    $(PY) -m microtrain pull --port $$PORT --onnx examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits_trained.onnx'
 
 test: native firmware rp2040js
-	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
+	MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
 # counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host
@@ -75,6 +81,12 @@ bench: native
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS) $(foreach b,$(BENCH_BOARDS),\
 	    --firmware $(b)=$(FIRMWARE_BUILD)/$(b)/firmware.elf --big-firmware $(b)=$(BENCH_BIG_BUILD)/$(b)/firmware.elf)
 	$(PY) benchmarks/perfdoc.py
+
+# libFuzzer on the C core under ASan and UBSan (clang), seeded with real plans of every op:
+# fuzz/run.py prints executions, time, coverage and findings (build/fuzz/artifacts/)
+FUZZ_SECONDS ?= 60
+fuzz: native
+	$(PY) fuzz/run.py --seconds $(FUZZ_SECONDS)
 
 # rp2040js (npm, pinned by tests/rp2040js/package-lock.json) runs the Pico firmware in the tests
 RP2040JS_STAMP := tests/rp2040js/node_modules/.installed

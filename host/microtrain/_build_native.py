@@ -15,8 +15,24 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE = os.path.normpath(os.path.join(HERE, "..", "..", "modules", "microtrain"))
-# relative: setuptools refuses absolute source paths
-SOURCES = sorted(os.path.relpath(p) for p in glob.glob(os.path.join(CORE, "mt_*.c")))
+
+
+def _sources():
+    """The core's .c files, relative (setuptools refuses absolute paths) and reached through
+    a link in host/build: setuptools puts each object at <build temp>/<source path>, so a
+    path starting with ../ would put the objects outside the build directory, in one
+    place shared by every checkout on the machine (a build could link another's)."""
+    link = os.path.join(HERE, "..", "build", "core")
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.realpath(link) != os.path.realpath(CORE):
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(os.path.relpath(CORE, os.path.dirname(link)), link)
+    return sorted(os.path.relpath(os.path.join(link, os.path.basename(p)))
+                  for p in glob.glob(os.path.join(CORE, "mt_*.c")))
+
+
+SOURCES = _sources()
 
 
 def cdef_from_header(core=CORE):
@@ -34,6 +50,12 @@ def cdef_from_header(core=CORE):
     return "\n".join(line.rstrip() for line in text.splitlines() if line.strip())
 
 
+# MICROTRAIN_SANITIZE=1 (make native SANITIZE=1): the core built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, every finding fatal. CPython is not instrumented, so the process
+# must start with the sanitizer runtimes preloaded (the Makefile's SANITIZE_ENV does that).
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"] \
+    if os.environ.get("MICROTRAIN_SANITIZE") == "1" else []
+
 ffibuilder = FFI()
 ffibuilder.cdef(cdef_from_header())
 ffibuilder.set_source(
@@ -41,5 +63,6 @@ ffibuilder.set_source(
     '#include "mt.h"',
     sources=SOURCES,
     include_dirs=[CORE],
-    extra_compile_args=["-std=c99", "-O2"],
+    extra_compile_args=["-std=c99", "-O2"] + SANITIZE,
+    extra_link_args=SANITIZE,
 )

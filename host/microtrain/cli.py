@@ -30,7 +30,8 @@ def _compile(args):
     from .compiler import compile
     _writable(args.output, "-o")
     plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
-                   weight_decay=args.weight_decay, batch=args.batch, planner=args.planner)
+                   weight_decay=args.weight_decay, batch=args.batch, planner=args.planner,
+                   clip_grad=args.clip_grad)
     fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
@@ -252,6 +253,9 @@ def parser():
     c.add_argument("--weight-decay", type=_number, default=0.0, help="L2 weight decay, as torch.optim.SGD")
     c.add_argument("--batch", type=_whole(1), default=1,
                    help="samples per update; 1 updates after every sample and stores no gradient")
+    c.add_argument("--clip-grad", type=_number, default=None, metavar="NORM",
+                   help="clip each batch's gradient to this L2 norm over all trainable parameters before the "
+                   "update (torch.nn.utils.clip_grad_norm_); a batch with a non-finite gradient is skipped")
     c.add_argument("--planner", default="greedy", choices=["greedy", "naive"],
                    help="arena memory: greedy shares memory between tensors not alive together; naive gives "
                    "every tensor its own (for debugging)")

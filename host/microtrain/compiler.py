@@ -41,7 +41,7 @@ def optimizer_state(tensors, ops):
 
 
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
-            batch=1, planner="greedy", guard=0):
+            batch=1, planner="greedy", guard=0, clip_grad=None):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", a JSON file or a list of
@@ -51,6 +51,9 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     overlap and runs element-wise ops in place; "naive" gives every tensor its
     own memory, so all of them can be read after a step (for debugging).
     guard: bytes left free around every arena tensor (for memory tests).
+    clip_grad: clip the gradient of each batch to this L2 norm over all trainable
+    parameters before the update, as torch.nn.utils.clip_grad_norm_; a batch whose
+    gradient is not finite is then rejected (info()["rejected"]), nothing updated.
     """
     if loss not in LOSSES:
         raise ValueError("unknown loss %r; use one of %s" % (loss, ", ".join(LOSSES)))
@@ -59,6 +62,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     lr = _positive_float("lr", lr)
     momentum = _positive_float("momentum", momentum)
     weight_decay = _positive_float("weight_decay", weight_decay)
+    if clip_grad is not None:
+        clip_grad = _positive_float("clip_grad", clip_grad, allow_zero=False)
     if momentum >= 1:
         raise ValueError("momentum must be below 1, got %r" % momentum)
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 65535:
@@ -73,7 +78,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     trainable = resolve_update(graph, update)
     # "naive" memory shares nothing, not even between an op's input and output, so that
     # every tensor can be read after a step (debugging, tests)
-    tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive")
+    tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive",
+                                  clip_grad=clip_grad)
     out = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["OUTPUT"])
     inp = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["INPUT"])
     tgt = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["TARGET"])
@@ -98,6 +104,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         # each trainable parameter's optimizer state: tensor indices of its momentum and accumulator
         "optimizer": optimizer_state(tensors, ops),
         "planner": planner,
+        "clip_grad": clip_grad,
         # tensors that share another's memory (views, ops run in place): index -> index of the owner
         "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},
     }

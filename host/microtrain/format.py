@@ -98,7 +98,7 @@ STATE_FIELDS = [
     ("steps", "I"),           # samples trained
     ("updates", "I"),         # parameter updates applied
     ("in_batch", "I"),        # samples since the last update, < batch
-    ("rejected", "I"),        # steps refused for a non-finite loss
+    ("rejected", "I"),        # steps refused for a non-finite loss or gradient norm
     ("lr", "f"),              # learning rate (it may differ from the plan's)
     ("reserved1", "I"),       # 0
 ]
@@ -178,6 +178,13 @@ OPS = (
     OpSpec("SOFTMAX_CE", 17, _s("logits label:I32 dlogits:out"), ()),
     OpSpec("MSE", 18, _s("out target dout:out"), ()),
     OpSpec("SGD", 19, _s("w:param m:state? acc:state"), ()),
+    # gradient-norm clipping (compile(clip_grad=...)): every gradient goes to an accumulator;
+    # at the end of the batch GRAD_NORM2 sums the squares of all of them into n2 (first=1
+    # starts the sum), then GRAD_CLIP scales each by min(1, max_norm / (|mean gradient| + 1e-6))
+    # as torch.nn.utils.clip_grad_norm_ does, before the SGD ops; a non-finite norm clears
+    # every accumulator and the last GRAD_CLIP (last=1) rejects the update
+    OpSpec("GRAD_NORM2", 40, _s("acc:state n2:out"), ("first",)),
+    OpSpec("GRAD_CLIP", 41, _s("n2 acc:state"), ("max_norm_bits", "last")),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them
@@ -225,6 +232,7 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("STATE_CORRUPT", "state blob is corrupted (bad magic, version, field or CRC)"),
     ("STATE_PLAN", "state blob was saved with a different plan"),
     ("CHANGED", "plan bytes changed between mt_load and mt_attach"),
+    ("GRAD", "gradient is not finite; parameters were not updated"),
 )
 
 

@@ -59,8 +59,9 @@ def f32_bits(v):
 
 
 class Builder:
-    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True):
+    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None):
         self.g = graph
+        self.clip_grad = clip_grad
         self.trainable = set(trainable)
         self.loss = loss
         self.batch = batch
@@ -113,7 +114,7 @@ class Builder:
         if pname not in self.opt:
             p = self.tensors[self.index[pname]]
             m = acc = None
-            if self.batch > 1 or self.users[pname] > 1:
+            if self.batch > 1 or self.users[pname] > 1 or self.clip_grad:
                 acc = self.tensor(TTensor("acc(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["GRAD_ACC"]))
             if self.momentum > 0:
                 m = self.tensor(TTensor("mom(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["MOMENTUM"]))
@@ -172,13 +173,27 @@ class Builder:
         self.contribute(self.g.output, dout)   # the output may be a view (Flatten last): reach its source
         for n in reversed(nodes):
             self.backward(n)
-        for pname in sorted(self.opt, key=lambda p: self.index[p]):
+        params = sorted(self.opt, key=lambda p: self.index[p])
+        if self.clip_grad:
+            self.clip([self.opt[p][1] for p in params])
+        for pname in params:
             m, acc = self.opt[pname]
             if acc is not None:
                 self.op("SGD", "BATCH_END", [self.index[pname], m, acc], source=pname)
         if self.allow_inplace:
             self.inplace()
         return self.tensors, self.ops
+
+    def clip(self, accs):
+        """Gradient-norm clipping, before any update: the squared norms of every accumulated
+        gradient summed into one value, then each accumulator scaled (format.py: GRAD_NORM2,
+        GRAD_CLIP). With clip_grad every gradient goes to an accumulator (sink)."""
+        n2 = self.tensor(TTensor("grad_norm2", (1,)))
+        for k, acc in enumerate(accs):
+            self.op("GRAD_NORM2", "BATCH_END", [acc, n2], [int(k == 0)], source="clip_grad")
+        for k, acc in enumerate(accs):
+            self.op("GRAD_CLIP", "BATCH_END", [n2, acc], [f32_bits(self.clip_grad), int(k == len(accs) - 1)],
+                    source="clip_grad")
 
     def needs_grad(self, name):
         """Whether value `name` (or the value it is a view of) lies downstream of a trainable parameter."""
@@ -395,10 +410,11 @@ def macs_total(ops):
     return sum(o.macs for o in ops)
 
 
-def build_training(graph, trainable, loss, batch, momentum, inplace=True):
-    """(tensors, ops) of the training step. inplace=False gives every value its own tensor memory."""
+def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None):
+    """(tensors, ops) of the training step. inplace=False gives every value its own tensor memory;
+    clip_grad: the largest L2 norm of the batch's gradient over all trainable parameters, or None."""
     if not trainable:
         raise ValueError("nothing to train: the update selection names no parameter")
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
-    return Builder(graph, trainable, loss, batch, momentum, inplace).build()
+    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad).build()

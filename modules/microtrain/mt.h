@@ -63,7 +63,7 @@ typedef struct {
     uint32_t steps;               /* samples trained since attach or reset (wraps at 2^32) */
     uint32_t updates;             /* parameter updates applied */
     uint32_t in_batch;            /* samples since the last update, < batch */
-    uint32_t rejected;            /* steps refused because the loss was not finite */
+    uint32_t rejected;            /* steps refused: loss not finite, or (clip_grad) gradient norm not finite */
     float loss;                   /* loss of the last step */
     int32_t err_op;               /* where the last error was found, -1 if nowhere in particular */
     int32_t err_tensor;

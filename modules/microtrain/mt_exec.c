@@ -66,6 +66,7 @@ static int step(mt_ctx_t *ctx, float *loss) {
         ctx->in_batch = 0;
         err = run_ops(ctx, ctx->phase_at[MT_PHASE_BATCH_END], ctx->params_at, ctx->phase_op[MT_PHASE_BATCH_END]);
         if (err != MT_OK) {
+            ctx->rejected += err == MT_E_GRAD;   /* a non-finite gradient norm: nothing was updated */
             return err;
         }
         ctx->updates++;

@@ -330,7 +330,20 @@
 #define MT_SGD_W 0
 #define MT_SGD_M 1
 #define MT_SGD_ACC 2
-#define MT_OP_MAX 19
+#define MT_OP_GRAD_NORM2 40
+#define MT_GRAD_NORM2_NSLOTS 2
+#define MT_GRAD_NORM2_NATTRS 1
+#define MT_GRAD_NORM2_ACC 0
+#define MT_GRAD_NORM2_N2 1
+#define MT_GRAD_NORM2_A_FIRST 0
+#define MT_OP_GRAD_CLIP 41
+#define MT_GRAD_CLIP_NSLOTS 2
+#define MT_GRAD_CLIP_NATTRS 2
+#define MT_GRAD_CLIP_N2 0
+#define MT_GRAD_CLIP_ACC 1
+#define MT_GRAD_CLIP_A_MAX_NORM_BITS 0
+#define MT_GRAD_CLIP_A_LAST 1
+#define MT_OP_MAX 41
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -352,7 +365,9 @@
     X(ADD) \
     X(SOFTMAX_CE) \
     X(MSE) \
-    X(SGD)
+    X(SGD) \
+    X(GRAD_NORM2) \
+    X(GRAD_CLIP)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -402,6 +417,28 @@
     {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SOFTMAX_CE */ \
     {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MSE */ \
     {3, 0, {MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 0)}, {255, 255, 255, 255}}, /* SGD */ \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {2, 1, {MT_SLOT(3, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GRAD_NORM2 */ \
+    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(3, 1, 0)}, {255, 255, 255, 255}}, /* GRAD_CLIP */ \
 }
 
 /* error codes */
@@ -441,7 +478,8 @@
 #define MT_E_STATE_CORRUPT 33
 #define MT_E_STATE_PLAN 34
 #define MT_E_CHANGED 35
-#define MT_E_COUNT 36
+#define MT_E_GRAD 36
+#define MT_E_COUNT 37
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -479,6 +517,7 @@
     "state blob has the wrong length for this plan\0" \
     "state blob is corrupted (bad magic, version, field or CRC)\0" \
     "state blob was saved with a different plan\0" \
-    "plan bytes changed between mt_load and mt_attach\0"
+    "plan bytes changed between mt_load and mt_attach\0" \
+    "gradient is not finite; parameters were not updated\0"
 
 #endif /* MT_FORMAT_H */

@@ -382,11 +382,16 @@ static int is_loss(uint8_t code) {
     return code == MT_OP_SOFTMAX_CE || code == MT_OP_MSE;
 }
 
+/* the ops that run when a batch ends; gradient clipping before any update */
+static int is_batch_end(uint8_t code) {
+    return code == MT_OP_SGD || code == MT_OP_GRAD_NORM2 || code == MT_OP_GRAD_CLIP;
+}
+
 /* Validate the op list and size (dest NULL) or write (dest) each op's record.
  * At attach, budget is what mt_load measured: a plan that changed since cannot
  * make the records outgrow it. */
 static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *total) {
-    uint32_t pos = 0, at = 0, n_loss = 0, n_train = 0;
+    uint32_t pos = 0, at = 0, n_loss = 0, n_train = 0, n_sgd = 0;
     uint8_t phase = MT_PHASE_FORWARD;
     ctx->phase_at[0] = 0;
     ctx->phase_op[0] = 0;
@@ -404,9 +409,11 @@ static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *tot
          * that fails at the loss has changed no parameter */
         if (op.phase < phase || (op.phase == MT_PHASE_TRAIN && phase == MT_PHASE_FORWARD && !is_loss(op.code))
             || (is_loss(op.code) && (op.phase != MT_PHASE_TRAIN || phase != MT_PHASE_FORWARD))
-            || ((op.code == MT_OP_SGD) != (op.phase == MT_PHASE_BATCH_END))) {
+            || (is_batch_end(op.code) != (op.phase == MT_PHASE_BATCH_END))
+            || (op.code != MT_OP_SGD && n_sgd > 0)) {
             FAIL(MT_E_PHASE, (int32_t)i, -1);
         }
+        n_sgd += op.code == MT_OP_SGD;
         if (is_loss(op.code)) {
             n_loss++;
             if ((op.code == MT_OP_SOFTMAX_CE) != (ctx->loss_kind == MT_LOSS_CROSS_ENTROPY)

@@ -1,0 +1,140 @@
+"""The fuzzer's seed corpus: real plans from the host compiler, covering every op
+code and every dtype that format.py defines and the compiler emits.
+
+    python fuzz/make_corpus.py DIR     writes DIR/<name>.mtp, prints op coverage
+
+It fails (exit 1) when some op code of format.OPS appears in no seed, so a new op
+(int8, sparse updates...) cannot land without a seed that reaches it: add a model
+below that makes the compiler emit it.
+"""
+import os
+import sys
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import microtrain
+from microtrain import format as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import models  # noqa: E402  tests/models.py: the MLP and CNN the tests use
+
+OPSET = 13
+
+
+def _model(nodes, inits, x_shape, y_shape, name):
+    init = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()]
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], init)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def pools(seed=0):
+    """strided dilated conv -> relu -> avgpool (pads, count_include_pad, ceil) -> maxpool (ceil)
+    -> matmul (weight [in, out]) + add: the window ops' other branches and the IN_OUT layout."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "c.weight", "c.bias"], ["a"], strides=[2, 1], dilations=[1, 2],
+                              pads=[1, 2, 0, 1], name="c"),
+             helper.make_node("Relu", ["a"], ["r"], name="r"),
+             helper.make_node("AveragePool", ["r"], ["p"], kernel_shape=[2, 3], strides=[1, 2], pads=[1, 1, 0, 1],
+                              count_include_pad=1, ceil_mode=1, name="avg"),
+             helper.make_node("MaxPool", ["p"], ["q"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, name="max"),
+             helper.make_node("Flatten", ["q"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "m.weight"], ["mm"], name="mm"),
+             helper.make_node("Add", ["mm", "m.bias"], ["y"], name="add")]
+    # x (1,2,7,9): conv -> (1,3,4,8); avgpool -> (1,3,4,5); maxpool (ceil) -> (1,3,2,3)
+    return _model(nodes, {"c.weight": w(3, 2, 2, 3), "c.bias": w(3), "m.weight": w(18, 3), "m.bias": w(3)},
+                  [1, 2, 7, 9], [1, 3], "pools")
+
+
+def avg_exclude_pad(seed=1):
+    """avgpool without count_include_pad, then the CNN's tail."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "c.weight"], ["a"], pads=[1, 1, 1, 1], name="c"),
+             helper.make_node("AveragePool", ["a"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                              name="avg"),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
+    return _model(nodes, {"c.weight": w(4, 1, 3, 3), "fc.weight": w(2, 4), "fc.bias": w(2)}, [1, 1, 6, 6], [1, 2],
+                  "avg_exclude_pad")
+
+
+def tied(seed=2):
+    """one weight used by two layers: its gradients summed in an accumulator, applied by SGD (batch 1)."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b1"], ["h"], transB=1, name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Gemm", ["r", "w", "b2"], ["y"], transB=1, name="fc2")]
+    return _model(nodes, {"w": rng.normal(0, 0.5, (4, 4)), "b1": rng.normal(0, 0.1, 4), "b2": rng.normal(0, 0.1, 4)},
+                  [1, 4], [1, 4], "tied")
+
+
+def seeds():
+    """{name: Plan}"""
+    mlp, cnn = models.mlp, models.cnn
+    c = microtrain.compile
+    out = {
+        "mlp_ce_full_mom": c(mlp(n_in=8, hidden=6, n_out=3), update="full", lr=0.05, momentum=0.9),
+        "mlp_ce_full_sgd_wd": c(mlp(n_in=6, hidden=5, n_out=4, seed=1), update="full", lr=0.1, weight_decay=0.01),
+        "mlp_mse_batch2": c(mlp(n_in=5, hidden=4, n_out=2, seed=2), update="full", loss="mse", lr=0.05, batch=2),
+        "mlp_mse_batch3_mom_wd": c(mlp(n_in=4, hidden=3, n_out=1, seed=3), update="full", loss="mse", lr=0.05,
+                                   momentum=0.5, weight_decay=0.001, batch=3),
+        "mlp_bias_only": c(mlp(seed=4), update="bias", lr=0.05),
+        "mlp_naive_planner": c(mlp(seed=5), update="full", lr=0.05, planner="naive"),
+        "cnn_mse_full_batch2": c(cnn(seed=2, hw=6, n_out=3), update="full", loss="mse", lr=0.02, momentum=0.9,
+                                 batch=2),
+        "cnn_ce_last_layer": c(cnn(seed=3, hw=6, n_out=3), update="last-layer", lr=0.05),
+        "cnn_ce_last2_mom": c(cnn(seed=4, hw=6, n_out=3), update="last:2", lr=0.05, momentum=0.9),
+        "cnn_ce_full": c(cnn(seed=5, hw=4, n_out=2), update="full", lr=0.05),
+        "pools_ce_full": c(pools(), update="full", lr=0.05, momentum=0.9),
+        "pools_mse_batch2": c(pools(seed=3), update="full", loss="mse", lr=0.05, batch=2),
+        "avg_exclude_pad": c(avg_exclude_pad(), update="full", lr=0.05),
+        "tied_batch1": c(tied(), update="full", lr=0.05, momentum=0.9),
+        "tied_batch2": c(tied(seed=4), update="full", loss="mse", lr=0.05, batch=2),
+        "mlp_clip_grad": c(mlp(n_in=6, hidden=5, n_out=3, seed=6), update="full", lr=0.1, momentum=0.9, clip_grad=0.5),
+        "cnn_mse_clip_grad_batch2": c(cnn(seed=6, hw=4, n_out=2), update="last:2", loss="mse", lr=0.05, batch=2,
+                                      clip_grad=1.0),
+        "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
+                                   lr=0.05, momentum=0.9),
+    }
+    return out
+
+
+def op_codes(plan):
+    """The op codes and tensor dtypes a plan holds."""
+    codes, pos, h = set(), plan.header["ops_off"], plan.header
+    for _ in range(h["n_ops"]):
+        code, _, _, _, pos = F.unpack_op(plan.data, pos)
+        codes.add(code)
+    dtypes = {F.unpack_tensor(plan.data, h["tensors_off"] + i * F.TENSOR_BYTES)["dtype"] for i in range(h["n_tensors"])}
+    return codes, dtypes
+
+
+def main(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    seen, dtypes = set(), set()
+    for name, plan in seeds().items():
+        with open(os.path.join(out_dir, name + ".mtp"), "wb") as f:
+            f.write(plan.data)
+        c, d = op_codes(plan)
+        seen |= c
+        dtypes |= d
+    names = {v[0]: k for k, v in F.DTYPES.items()}
+    print("seed corpus: %d plans in %s; ops %s; dtypes %s" % (
+        len(seeds()), out_dir, ", ".join(F.OPS_BY_CODE[k].name for k in sorted(seen)),
+        ", ".join(names[k] for k in sorted(dtypes))))
+    missing = sorted(set(F.OPS_BY_CODE) - seen)
+    if missing:
+        print("no seed reaches op(s) %s: add a model to fuzz/make_corpus.py"
+              % ", ".join(F.OPS_BY_CODE[k].name for k in missing))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "fuzz", "seeds")))
