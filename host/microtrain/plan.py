@@ -15,6 +15,7 @@ import numpy as np
 
 from . import format as F
 from . import planner
+from .ir import NP_DTYPES
 from .native import Core, PlanError
 
 OP_NAMES = {op.code: op.name for op in F.OPS}
@@ -52,8 +53,9 @@ def lifetimes(n_tensors, ops, input_ids=()):
 
 
 def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
-    """Offsets for arena (planned), state (packed) and constant tensors.
-    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs)."""
+    """Offsets for arena (planned), state (packed) and constant tensors, and the
+    quantization records (per-channel scales in the data section).
+    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs, data_bytes, quant_records)."""
     roots = _roots(tensors)
     first, last = lifetimes(len(tensors), [o.slots for o in ops], io)
     group = {}
@@ -79,17 +81,48 @@ def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
             state += _align(t.nbytes)
         if t.view_of is None and t.data is not None:
             t.data_offset = data
-            blobs.append((data, np.ascontiguousarray(t.data, np.float32).tobytes()))
+            blobs.append((data, np.ascontiguousarray(t.data, NP_DTYPES[t.dtype]).tobytes()))
             data += _align(t.nbytes)
     for i, t in enumerate(tensors):
         if t.view_of is not None:
             root = tensors[roots[i]]
             t.storage, t.offset = root.storage, root.offset
-    return arena, state, planner.naive_size(bufs, F.ALIGN), planner.peak_live_bytes(bufs, F.ALIGN), blobs, data
+    quants, data = quant_records(tensors, blobs, data)
+    return arena, state, planner.naive_size(bufs, F.ALIGN), planner.peak_live_bytes(bufs, F.ALIGN), blobs, data, quants
+
+
+def quant_records(tensors, blobs, data):
+    """One QUANT_FIELDS record per distinct quantization (tensors get .quant_index); per-channel
+    scales and nonzero zero points go to the data section after the constants."""
+    records, index = [], {}
+    for t in tensors:
+        q = t.quant
+        t.quant_index = F.NO_QUANT
+        if q is None:
+            continue
+        if q.key() not in index:
+            rec = dict(scale=0.0, zero_point=0, axis=F.PER_TENSOR, reserved=b"\0" * 3, n_channels=1,
+                       scales=F.NO_NAME, zero_points=F.NO_NAME)
+            if q.axis is None:
+                rec.update(scale=float(q.scale), zero_point=int(q.zero_point))
+            else:
+                rec.update(axis=q.axis, n_channels=q.scale.size, scales=data)
+                blobs.append((data, q.scale.astype("<f4").tobytes()))
+                data += _align(q.scale.nbytes)
+                if np.any(q.zero_point != 0):
+                    rec["zero_points"] = data
+                    blobs.append((data, q.zero_point.astype("<i4").tobytes()))
+                    data += _align(q.zero_point.nbytes)
+            index[q.key()] = len(records)
+            records.append(rec)
+        t.quant_index = index[q.key()]
+    if len(records) >= F.NO_QUANT:
+        raise ValueError("model too large for plan format %d: %d quantization records" % (F.VERSION, len(records)))
+    return records, data
 
 
 def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss, batch, lr, momentum,
-               weight_decay, macs, meta):
+               weight_decay, macs, meta, quants=(), input_dtype="F32"):
     """Serialize to bytes (format.py layout)."""
     names = bytearray()
     name_off = []
@@ -110,14 +143,16 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         init = t.data_offset if is_param else F.NO_NAME
         trec += F.pack_tensor(dtype=F.dtype_code(t.dtype), storage=F.STORAGES[t.storage], ndim=len(t.shape),
                               flags=flags, offset=offset, bytes=t.nbytes, dim0=dims[0], dim1=dims[1], dim2=dims[2],
-                              dim3=dims[3], name=name_off[i], init=init, quant=0xFFFF, reserved=0)
+                              dim3=dims[3], name=name_off[i], init=init,
+                              quant=getattr(t, "quant_index", F.NO_QUANT), reserved=0)
     orec = bytearray()
     for op in ops:
         orec += F.pack_op(op.spec.code, F.PHASES[op.phase], op.slots, op.attrs)
     meta_b = json.dumps(meta, separators=(",", ":")).encode()
     sections = {}
     pos = F.HEADER_BYTES
-    for key, blob in (("tensors", trec), ("ops", orec), ("names", names), ("meta", meta_b)):
+    qrec = b"".join(F.pack_quant(**q) for q in quants)
+    for key, blob in (("tensors", trec), ("ops", orec), ("quant", qrec), ("names", names), ("meta", meta_b)):
         pos = _align(pos)
         sections[key] = (pos, blob)
         pos += len(blob)
@@ -138,7 +173,8 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         macs_lo=macs & 0xFFFFFFFF, macs_hi=macs >> 32,
         input_tensor=io[0], target_tensor=io[1], output_tensor=io[2],
         loss=F.LOSSES["CROSS_ENTROPY" if loss == "cross-entropy" else "MSE"], reserved0=0, batch=batch,
-        reserved1=0, lr=lr, momentum=momentum, weight_decay=weight_decay, reserved2=b"\0" * 28)
+        reserved1=0, lr=lr, momentum=momentum, weight_decay=weight_decay, quant_off=sections["quant"][0],
+        n_quant=len(quants), input_dtype=F.dtype_code(input_dtype), reserved3=0, reserved2=b"\0" * 20)
     if len(tensors) > 0xFFFE or len(ops) > 0xFFFF:
         raise ValueError("model too large for plan format %d: %d tensors, %d ops" % (F.VERSION, len(tensors), len(ops)))
     out[:F.HEADER_BYTES] = F.HEADER_STRUCT.pack(*[fields[n] for n, _ in F.HEADER_FIELDS])
@@ -166,7 +202,7 @@ class Plan:
                 name=self.data[hd["names_off"] + r["name"]:end].decode(), dtype=DTYPE_NAMES[r["dtype"]],
                 storage=STORAGE_NAMES[r["storage"]], flags=r["flags"],
                 shape=tuple([r["dim0"], r["dim1"], r["dim2"], r["dim3"]][:r["ndim"]]),
-                offset=r["offset"], bytes=r["bytes"], init=r["init"]))
+                offset=r["offset"], bytes=r["bytes"], init=r["init"], quant=self._quant(r["quant"])))
         self.ops = []
         pos = hd["ops_off"]
         for _ in range(hd["n_ops"]):
@@ -208,8 +244,23 @@ class Plan:
         t = self.tensors[self.tensor_index(name)]
         if t["storage"] != "CONST":
             raise ValueError("%r is not a constant of the plan" % name)
-        return np.frombuffer(self.data, np.float32, t["bytes"] // 4, self.header["data_off"] + t["offset"]) \
+        dt = np.dtype(NP_DTYPES[t["dtype"]])
+        return np.frombuffer(self.data, dt, t["bytes"] // dt.itemsize, self.header["data_off"] + t["offset"]) \
             .reshape(t["shape"]).copy()
+
+    def _quant(self, index):
+        """The ir.Quant of quantization record `index`, or None."""
+        from .ir import Quant
+        if index == F.NO_QUANT:
+            return None
+        q = F.unpack_quant(self.data, self.header["quant_off"] + index * F.QUANT_BYTES)
+        if q["axis"] == F.PER_TENSOR:
+            return Quant(q["scale"], q["zero_point"])
+        d0, n = self.header["data_off"], q["n_channels"]
+        scales = np.frombuffer(self.data, "<f4", n, d0 + q["scales"])
+        zps = np.zeros(n, np.int32) if q["zero_points"] == F.NO_NAME else \
+            np.frombuffer(self.data, "<i4", n, d0 + q["zero_points"])
+        return Quant(scales.copy(), zps.copy(), q["axis"])
 
     def export(self, params, onnx_in, onnx_out=None):
         """Write the ONNX model the plan was compiled from (onnx_in: path, bytes or ModelProto) with

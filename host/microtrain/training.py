@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import format as F
+from . import q8_rules
 from .ir import Graph
 
 
@@ -31,6 +32,7 @@ class TTensor:
     onnx_shape: tuple = ()
     offset: int = 0                 # in the arena or the state region, set by the memory plan
     data_offset: int = 0            # in the plan's data section, for constants and initial values
+    quant: object = None            # ir.Quant of an integer tensor
 
     @property
     def nbytes(self):
@@ -91,6 +93,7 @@ class Builder:
             t = TTensor(name, v.shape, storage="CONST", data=v.data, onnx_shape=v.onnx_shape)
         else:
             t = TTensor(name, v.shape, onnx_shape=v.onnx_shape)
+        t.dtype, t.quant = v.dtype, v.quant
         self.index[name] = self.tensor(t)
         return self.index[name]
 
@@ -156,6 +159,8 @@ class Builder:
         else:
             target = self.tensor(TTensor("target", self.tensors[out].shape, flags=F.TFLAGS["TARGET"]))
         self.target, self.output, self.input = target, out, x
+        if not self.trainable:   # an inference-only plan: the forward ops alone
+            return self.tensors, self.ops
         # which values need a gradient: those downstream of a trainable parameter
         # (a view needs one when its source does, so views are resolved as each node is
         # reached: a view feeding a parameterless op must not cut the gradient)
@@ -192,6 +197,8 @@ class Builder:
         ins = [self.value_tensor(i) if i else None for i in n.inputs]
         y = self.value_tensor(n.output)
         a = n.attrs
+        if n.op in q8_rules.FORWARD:
+            return q8_rules.FORWARD[n.op](self, n, ins, y)
         if n.op == "conv":
             w = self.tensors[ins[1]]
             ys = self.tensors[y].shape
@@ -229,6 +236,8 @@ class Builder:
             return
         dy = self.grad[n.output]
         ins = [self.value_tensor(i) if i else None for i in n.inputs]
+        if n.op in q8_rules.BACKWARD:
+            return q8_rules.BACKWARD[n.op](self, n, dy, ins)
         x = n.inputs[0]
         need_x = x in self.needs
         a = n.attrs
@@ -341,9 +350,8 @@ def macs_total(ops):
 
 
 def build_training(graph, trainable, loss, batch, momentum, inplace=True):
-    """(tensors, ops) of the training step. inplace=False gives every value its own tensor memory."""
-    if not trainable:
-        raise ValueError("nothing to train: the update selection names no parameter")
+    """(tensors, ops) of the training step (the forward ops alone when nothing trains).
+    inplace=False gives every value its own tensor memory."""
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
     return Builder(graph, trainable, loss, batch, momentum, inplace).build()
