@@ -1,6 +1,6 @@
 """A numpy reference of the int8 arithmetic the C core runs (an oracle of the arithmetic
 only: onnxruntime is the independent one). Written from TensorFlow Lite's reference
-kernels and gemmlowp's fixed-point functions, whole arrays at a time, nothing shared
+kernels (single-rounding requantization), whole arrays at a time, nothing shared
 with the C: int64 numpy arrays, explicit padding, im2col-style window sums.
 
 run_plan(plan, x) executes the forward ops of a plan whose ops are int8 or boundary ops
@@ -11,32 +11,26 @@ import numpy as np
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
-# ---- gemmlowp / TFLite fixed point ----
-
-def srdhm(a, b):
-    """SaturatingRoundingDoublingHighMul: round(a*b / 2^31) with gemmlowp's nudge (ties go up)."""
-    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-    ab = a * b
-    t = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
-    q = np.where(t >= 0, t // (1 << 31), -((-t) // (1 << 31)))   # C++ division: toward zero
-    return np.where((a == INT32_MIN) & (b == INT32_MIN), INT32_MAX, q)
-
-
-def rdbpot(x, e):
-    """RoundingDivideByPOT: round(x / 2^e), ties away from zero."""
-    x, e = np.asarray(x, np.int64), np.asarray(e, np.int64)
-    mask = (np.int64(1) << e) - 1
-    rem = x & mask
-    thr = (mask >> 1) + (x < 0)
-    return (x >> e) + (rem > thr)
-
+# ---- TFLite fixed point ----
 
 def requant(x, mult, shift):
-    """MultiplyByQuantizedMultiplier(x, mult, shift), x * 2^left saturated to int32."""
+    """TFLite's MultiplyByQuantizedMultiplier, single-rounding form (TFLITE_SINGLE_ROUNDING):
+    (x * mult + 2^(total - 1)) >> total with total = 31 - shift, saturated to int32."""
     x, mult, shift = (np.asarray(v, np.int64) for v in (x, mult, shift))
-    left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
-    v = np.clip(x * (np.int64(1) << left), INT32_MIN, INT32_MAX)
-    return rdbpot(srdhm(v, mult), right)
+    total = 31 - shift
+    # numpy's >> on int64 is an arithmetic shift: floor division by 2^total
+    return np.clip((x * mult + (np.int64(1) << (total - 1))) >> total, INT32_MIN, INT32_MAX)
+
+
+def requant_even(x, mult, shift):
+    """The same, ties to even (the averages)."""
+    x, mult, shift = (np.asarray(v, np.int64) for v in (x, mult, shift))
+    total = 31 - shift
+    half = np.int64(1) << (total - 1)
+    t = x * mult + half
+    r = t >> total
+    tie = (t & (2 * half - 1)) == 0
+    return np.clip(np.where(tie & (r % 2 == 1), r - 1, r), INT32_MIN, INT32_MAX)
 
 
 def round_half_away(x):
@@ -116,7 +110,8 @@ def maxpool(x, zp, a, yshape):
     return np.where(win < -128, zp, win).astype(np.int8).reshape(yshape)
 
 
-def avgpool(x, x_zp, y_zp, a, yshape):
+def avgpool(x, x_zp, y_zp, mult, shift, a, yshape):
+    """mult/shift: tables by window size n (1-based)."""
     x = np.asarray(x, np.int64)
     inside = _pool_windows(np.ones_like(x), a, yshape, 0)
     total = _pool_windows(x - x_zp, a, yshape, 0).sum(1)
@@ -127,15 +122,14 @@ def avgpool(x, x_zp, y_zp, a, yshape):
         count = _pool_windows(padded + 1, a0, yshape, 0).sum(1)
     else:
         count = inside.sum(1)
-    safe = np.maximum(count, 1)
-    mean = np.where(total >= 0, (total + safe // 2) // safe, -((-total + safe // 2) // safe))
-    y = np.where(count > 0, requant(mean, a["mult"], a["shift"]), 0) + y_zp
+    k = np.maximum(count, 1) - 1
+    y = np.where(count > 0, requant_even(total, np.asarray(mult)[k], np.asarray(shift)[k]), 0) + y_zp
     return np.clip(y, -128, 127).astype(np.int8).reshape(yshape)
 
 
 def gap(x, x_zp, y_zp, mult, shift, yshape):
     s = (np.asarray(x, np.int64) - x_zp).reshape(x.shape[1], -1).sum(1)
-    return np.clip(requant(s, mult, shift) + y_zp, -128, 127).astype(np.int8).reshape(yshape)
+    return np.clip(requant_even(s, mult, shift) + y_zp, -128, 127).astype(np.int8).reshape(yshape)
 
 
 # ---- a plan ----
@@ -188,7 +182,7 @@ def run_plan(plan, x, values=None):
         elif name == "MAXPOOL_Q8":
             y = maxpool(get(s["x"]), zp(s["x"]), a, out["shape"])
         elif name == "AVGPOOL_Q8":
-            y = avgpool(get(s["x"]), zp(s["x"]), zp(s["y"]), a, out["shape"])
+            y = avgpool(get(s["x"]), zp(s["x"]), zp(s["y"]), get(s["mult"]), get(s["shift"]), a, out["shape"])
         elif name == "GAP_Q8":
             y = gap(get(s["x"]), zp(s["x"]), zp(s["y"]), a["mult"], a["shift"], out["shape"])
         elif out["name"] in env:

@@ -3,6 +3,8 @@ arithmetic (tests/q8_reference.py, written from TFLite's reference kernels and
 gemmlowp): bit for bit, on random data and on the edge cases (padding, stride,
 dilation, depthwise, ceil mode, rounding ties, extreme multipliers and shifts).
 Single-op plans (tests/int8_plans.py) let every parameter take any valid value."""
+import math
+
 import numpy as np
 import pytest
 
@@ -149,17 +151,17 @@ def pool_case(op, H, W, k, s, p=(0, 0, 0, 0), d=(1, 1), ceil=False, cip=0):
     attrs = [a[name] for name in F.POOL_ATTRS]
     if op == "MAXPOOL_Q8":
         y = act("y", (1, 3, oh, ow), 0.05, xzp)
+        tables = []
     else:
-        mult, shift = rescale(1, (-3, 1))
-        a.update(mult=int(mult[0]), shift=int(shift[0]))
-        attrs += [a["mult"], a["shift"]]
+        mult, shift = rescale(k[0] * k[1], (-8, 0))
         y = act("y", (1, 3, oh, ow), 0.07, int(rng.integers(-128, 128)))
-    plan = single_op_plan(op, act("x", (1, 3, H, W), 0.05, xzp), [], y, attrs)
+        tables = [const("mult", mult, "I32"), const("shift", shift, "I32")]
+    plan = single_op_plan(op, act("x", (1, 3, H, W), 0.05, xzp), tables, y, attrs)
     xs = rand_i8(1, 3, H, W)
     got, _ = run(plan, xs)
     if op == "MAXPOOL_Q8":
         return got, R.maxpool(xs, xzp, a, (1, 3, oh, ow))
-    return got, R.avgpool(xs, xzp, int(y.quant.zero_point), a, (1, 3, oh, ow))
+    return got, R.avgpool(xs, xzp, int(y.quant.zero_point), mult, shift, a, (1, 3, oh, ow))
 
 
 @pytest.mark.parametrize("op", ["MAXPOOL_Q8", "AVGPOOL_Q8"])
@@ -208,15 +210,21 @@ def test_quantize_and_dequantize_match_onnx_rounding():
     assert np.array_equal(out.reshape(-1), r)
 
 
-def test_fixed_point_reference_matches_tflite_definitions():
-    """The reference's gemmlowp functions on values whose results are known from their definition."""
-    assert R.srdhm(1 << 30, 1 << 30) == 1 << 29
-    assert R.srdhm(-(1 << 31), -(1 << 31)) == (1 << 31) - 1          # the one saturating case
-    # gemmlowp's nudge: 1.5 -> 2 but -1.5 -> -1 (ties go up)
-    assert R.srdhm(3, 1 << 30) == 2 and R.srdhm(-3, 1 << 30) == -1 and R.srdhm(-16, 429496730) == -3   # -3.2
-    assert list(R.rdbpot(np.array([5, -5, 6, -6, 7, -7]), 1)) == [3, -3, 3, -3, 4, -4]
-    assert R.requant(100, 1 << 30, 1) == 100                          # 2^30 * 2^(1-31) = 1
-    assert R.requant(100, 1 << 30, -1) == 25
+def test_requantization_reference_is_exact_rounding():
+    """The reference's requant is round(x * mult * 2^(shift-31)), ties up, computed exactly with Python
+    integers (fractions), over random values and the edges of every range."""
+    from fractions import Fraction
+    xs = [0, 1, -1, 3, -3, (1 << 31) - 1, -(1 << 31)] + [int(v) for v in rng.integers(-(1 << 31), 1 << 31, 300)]
+    mults = [0, 1 << 30, (1 << 31) - 1] + [int(v) for v in rng.integers(1 << 30, 1 << 31, 20)]
+    for shift in (-31, -20, -7, -1, 0, 1, 5, 30):
+        for m in mults:
+            for x in xs:
+                exact = Fraction(x * m) * Fraction(2) ** (shift - 31)
+                up = math.floor(exact + Fraction(1, 2))
+                even = up - 1 if exact - math.floor(exact) == Fraction(1, 2) and up % 2 else up
+                sat = lambda v: max(-(1 << 31), min((1 << 31) - 1, v))   # noqa: E731
+                assert int(R.requant(x, m, shift)) == sat(up), (x, m, shift)
+                assert int(R.requant_even(x, m, shift)) == sat(even), (x, m, shift)
 
 
 def test_quantize_saturates_huge_values():
@@ -226,3 +234,19 @@ def test_quantize_saturates_huge_values():
                           input_dtype="F32")
     got, _ = run(plan, x)
     assert list(got.reshape(-1)) == [127, -128, 127, -128, 127, -128, 127, 127]
+
+
+def test_average_ties_round_to_even():
+    """A 2x2 average of int8 values (scale kept) is a tie a quarter of the time: it rounds to even,
+    as onnxruntime's average pooling (and the reference) do."""
+    from microtrain.quantize import quantize_multiplier
+    m, s = (np.array(v, np.int32) for v in zip(*(quantize_multiplier(1.0 / k) for k in range(1, 5))))
+    a = dict(kernel_h=2, kernel_w=2, stride_h=2, stride_w=2, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1,
+             count_include_pad=0)
+    plan = single_op_plan("AVGPOOL_Q8", act("x", (1, 2, 8, 8), 0.1, 3), [const("mult", m, "I32"),
+                          const("shift", s, "I32")], act("y", (1, 2, 4, 4), 0.1, 3), [a[k] for k in F.POOL_ATTRS])
+    xs = rand_i8(1, 2, 8, 8)
+    got, _ = run(plan, xs)
+    sums = (xs.astype(np.int64) - 3).reshape(2, 4, 2, 4, 2).sum((2, 4))
+    assert np.array_equal(got.reshape(2, 4, 4), np.clip(np.rint(sums / 4) + 3, -128, 127))   # rint: ties to even
+    assert np.mean(sums % 4 == 2) > 0.1   # the case had ties to round

@@ -212,7 +212,8 @@ OPS = (
            ("left_shift", "a_mult", "a_shift", "b_mult", "b_shift", "y_mult", "y_shift") + Q8_CLAMP,
            inplace=(("y", "a"), ("y", "b"))),
     OpSpec("MAXPOOL_Q8", 25, _s("x:I8 y:out:I8"), POOL_ATTRS),
-    OpSpec("AVGPOOL_Q8", 26, _s("x:I8 y:out:I8"), POOL_ATTRS + ("mult", "shift")),
+    # mult/shift of AVGPOOL_Q8: one per window size n = 1 .. kernel_h*kernel_w (x_scale / (y_scale * n))
+    OpSpec("AVGPOOL_Q8", 26, _s("x:I8 mult:I32 shift:I32 y:out:I8"), POOL_ATTRS),
     OpSpec("GAP_Q8", 27, _s("x:I8 y:out:I8"), ("mult", "shift")),
     # backward through frozen int8 layers, in float: the gradient passes where the saved int8
     # output lies strictly inside (act_min, act_max) (ReLU, ReLU6, saturation), and the input

@@ -20,6 +20,7 @@ MIN_OPSET, MAX_OPSET = 13, 21
 SUPPORTED = ("Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "MaxPool", "AveragePool",
              "GlobalAveragePool", "ReduceMean (over all spatial axes)", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity",
              "Dropout", "BatchNormalization", "Softmax (output only)", "LogSoftmax (output only)",
+             "QuantizeLinear/DequantizeLinear (int8 QDQ models)",
              "and any op whose inputs are all constants")
 
 
@@ -32,8 +33,6 @@ SUGGESTIONS = {
     "LSTM": "recurrent layers are not supported; a Conv1d over time often replaces them",
     "GRU": "recurrent layers are not supported; a Conv1d over time often replaces them",
     "RNN": "recurrent layers are not supported; a Conv1d over time often replaces them",
-    "QuantizeLinear": "export the float model; microtrain plans are float32",
-    "DequantizeLinear": "export the float model; microtrain plans are float32",
     "Sigmoid": "for a two-class output use two logits and cross-entropy, or --loss mse",
     "ConvTranspose": "not supported; upsample with Conv layers on the host side instead",
 }
@@ -670,7 +669,9 @@ class Importer:
 
 def import_onnx(model, loss="cross-entropy"):
     model, notes, fingerprint = load_model(model)
-    imp = Importer(model, loss)
+    from . import qdq_import   # quantized models (QuantizeLinear/DequantizeLinear): qdq_import.py
+    qdq_import.check_supported_form(model)
+    imp = (qdq_import.QDQImporter if qdq_import.is_qdq(model) else Importer)(model, loss)
     graph = imp.run()
     graph.notes[:0] = notes
     graph.fingerprint = fingerprint

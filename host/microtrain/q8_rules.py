@@ -55,8 +55,7 @@ def qmaxpool(b, n, ins, y):
 
 
 def qavgpool(b, n, ins, y):
-    return b.op("AVGPOOL_Q8", "FORWARD", [ins[0], y], _pool_attrs(n.attrs) + [n.attrs["mult"], n.attrs["shift"]],
-                n.onnx_name)
+    return b.op("AVGPOOL_Q8", "FORWARD", ins + [y], _pool_attrs(n.attrs), n.onnx_name)
 
 
 def qgap(b, n, ins, y):

@@ -76,12 +76,12 @@ def weight_quant(w, axis=0):
 
 
 def quantize_weight(w, q):
-    """The int8 values of float weights w under Quant q (zero point 0), clamped to [-127, 127]."""
+    """The int8 values of float weights w under Quant q (zero point 0)."""
     shape = [1] * np.ndim(w)
     if q.axis is not None:
         shape[q.axis] = -1
     v = np.asarray(w, np.float64) / q.scale.astype(np.float64).reshape(shape)
-    return np.clip(np.round(v), -127, 127).astype(np.int8)
+    return np.clip(np.round(v), -128, 127).astype(np.int8)
 
 
 def clamp_range(lo, hi, q):
@@ -290,8 +290,13 @@ class _Lowering:
                 if float(xq.scale) != float(yq.scale) or int(xq.zero_point) != int(yq.zero_point):
                     raise QuantizeError("node '%s' (MaxPool): int8 max pooling needs the same scale and zero point "
                                         "on its input and output" % n.onnx_name)
-            elif n.op == "avgpool":
-                attrs["mult"], attrs["shift"] = quantize_multiplier(float(xq.scale) / float(yq.scale))
+            elif n.op == "avgpool":   # a multiplier per window size: the mean rounds once
+                taps = n.attrs["kernel_h"] * n.attrs["kernel_w"]
+                m, s = zip(*(quantize_multiplier(float(xq.scale) / (float(yq.scale) * k)) for k in range(1, taps + 1)))
+                ins = [x, self.const(n.output + "/mult", np.array(m, np.int32), "I32", None),
+                       self.const(n.output + "/shift", np.array(s, np.int32), "I32", None)]
+                self.nodes.append(Node("qavgpool", ins, y, attrs, name))
+                return
             else:
                 hw = int(np.prod(self.values[n.inputs[0]].shape[2:]))
                 attrs["mult"], attrs["shift"] = quantize_multiplier(float(xq.scale) / (float(yq.scale) * hw))

@@ -420,10 +420,12 @@
 #define MT_MAXPOOL_Q8_A_DIL_W 9
 #define MT_MAXPOOL_Q8_A_COUNT_INCLUDE_PAD 10
 #define MT_OP_AVGPOOL_Q8 26
-#define MT_AVGPOOL_Q8_NSLOTS 2
-#define MT_AVGPOOL_Q8_NATTRS 13
+#define MT_AVGPOOL_Q8_NSLOTS 4
+#define MT_AVGPOOL_Q8_NATTRS 11
 #define MT_AVGPOOL_Q8_X 0
-#define MT_AVGPOOL_Q8_Y 1
+#define MT_AVGPOOL_Q8_MULT 1
+#define MT_AVGPOOL_Q8_SHIFT 2
+#define MT_AVGPOOL_Q8_Y 3
 #define MT_AVGPOOL_Q8_A_KERNEL_H 0
 #define MT_AVGPOOL_Q8_A_KERNEL_W 1
 #define MT_AVGPOOL_Q8_A_STRIDE_H 2
@@ -435,8 +437,6 @@
 #define MT_AVGPOOL_Q8_A_DIL_H 8
 #define MT_AVGPOOL_Q8_A_DIL_W 9
 #define MT_AVGPOOL_Q8_A_COUNT_INCLUDE_PAD 10
-#define MT_AVGPOOL_Q8_A_MULT 11
-#define MT_AVGPOOL_Q8_A_SHIFT 12
 #define MT_OP_GAP_Q8 27
 #define MT_GAP_Q8_NSLOTS 2
 #define MT_GAP_Q8_NATTRS 2
@@ -563,7 +563,7 @@
     {6, 3, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* GEMM_Q8 */ \
     {3, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {2, 0, 2, 1}}, /* ADD_Q8 */ \
     {2, 11, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* MAXPOOL_Q8 */ \
-    {2, 13, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* AVGPOOL_Q8 */ \
+    {4, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* AVGPOOL_Q8 */ \
     {2, 2, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* GAP_Q8 */ \
     {3, 2, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* CLIP_BWD_Q8 */ \
     {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_Q8 */ \

@@ -1,19 +1,22 @@
 /* microtrain core: int8 max, average and global average pooling.
  *   MAXPOOL_Q8  the window's largest q (input and output share scale and zero point)
- *   AVGPOOL_Q8  y = clamp(y_zp + requant(round(sum(q - x_zp) / count), mult, shift)), count
- *               as the float op counts (count_include_pad); round: ties away from zero
- *   GAP_Q8      y = clamp(y_zp + requant(sum(q - x_zp), mult, shift)), the mean's 1/(H*W)
- *               inside mult and shift: one rounding
+ *   AVGPOOL_Q8  y = clamp(y_zp + requant(sum(q - x_zp), mult[n-1], shift[n-1])) for a window
+ *               of n inputs (counted as the float op counts them, count_include_pad): the
+ *               mean's 1/n is in the multiplier, so the average is rounded once
+ *   GAP_Q8      y = clamp(y_zp + requant(sum(q - x_zp), mult, shift)), 1/(H*W) likewise
+ * Averages round ties to even (mt_q8_requant_even), as onnxruntime does.
  * The windows are the float pooling's (mt_pool_window), so padding is never read.
  */
 #include "mt_q8.h"
 
 typedef struct {
     mt_rec_t h;
-    uint32_t x, y;
+    uint32_t x, y, mult, shift;   /* mult, shift: AVGPOOL_Q8's tables by window size, else MT_REF_NONE */
     mt_pool_geom_t g;
-    int32_t x_zp, y_zp, mult, shift;
+    int32_t x_zp, y_zp;
 } pool_q8_rec_t;
+
+#define AVG_TABLE_MAX 65536   /* window sizes a table covers: kernel_h * kernel_w */
 
 /* x and y: the same scale and zero point */
 static int same_quant(const mt_ctx_t *ctx, const mt_tensor_t *x, const mt_tensor_t *y) {
@@ -29,36 +32,38 @@ static int maxpool_q8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
 
 static int avgpool_q8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     const mt_tensor_t *x = &op->t[MT_AVGPOOL_Q8_X], *y = &op->t[MT_AVGPOOL_Q8_Y];
-    return mt_pool_check_shapes(op->a, x, y) && mt_q8_activation_ok(ctx, x) && mt_q8_activation_ok(ctx, y)
-           && mt_q8_pair_ok(op->a[MT_AVGPOOL_Q8_A_MULT], op->a[MT_AVGPOOL_Q8_A_SHIFT])
-           && (uint64_t)op->a[MT_POOL_A_KERNEL_H] * (uint64_t)op->a[MT_POOL_A_KERNEL_W] <= (1u << 23)
+    if (!mt_pool_check_shapes(op->a, x, y) || !mt_q8_activation_ok(ctx, x) || !mt_q8_activation_ok(ctx, y)) {
+        return MT_E_SHAPE;
+    }
+    uint64_t taps = (uint64_t)op->a[MT_POOL_A_KERNEL_H] * (uint64_t)op->a[MT_POOL_A_KERNEL_W];
+    const mt_tensor_t none = {0};
+    return taps <= AVG_TABLE_MAX
+           && mt_q8_rescale_ok(ctx, &op->t[MT_AVGPOOL_Q8_MULT], &op->t[MT_AVGPOOL_Q8_SHIFT], &none, (uint32_t)taps)
            ? MT_OK : MT_E_SHAPE;
 }
 
 static uint32_t pool_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
     pool_q8_rec_t *r = rec;
     if (r != NULL) {
-        const mt_tensor_t *x = &op->t[MT_MAXPOOL_Q8_X], *y = &op->t[MT_MAXPOOL_Q8_Y];
+        int avg = op->code == MT_OP_AVGPOOL_Q8;
+        const mt_tensor_t *x = &op->t[avg ? MT_AVGPOOL_Q8_X : MT_MAXPOOL_Q8_X];
+        const mt_tensor_t *y = &op->t[avg ? MT_AVGPOOL_Q8_Y : MT_MAXPOOL_Q8_Y];
         r->x = x->ref;
         r->y = y->ref;
+        r->mult = avg ? op->t[MT_AVGPOOL_Q8_MULT].ref : MT_REF_NONE;
+        r->shift = avg ? op->t[MT_AVGPOOL_Q8_SHIFT].ref : MT_REF_NONE;
         mt_pool_prepare_geom(op, x, y, &r->g);
         r->x_zp = mt_q8_zero_point(ctx, x);
         r->y_zp = mt_q8_zero_point(ctx, y);
-        r->mult = op->code == MT_OP_AVGPOOL_Q8 ? op->a[MT_AVGPOOL_Q8_A_MULT] : 0;
-        r->shift = op->code == MT_OP_AVGPOOL_Q8 ? op->a[MT_AVGPOOL_Q8_A_SHIFT] : 0;
     }
     return sizeof(pool_q8_rec_t);
-}
-
-/* the mean over a window, rounded half away from zero (TFLite's average pool) */
-MT_INLINE int32_t rounded_mean(int32_t sum, int32_t n) {
-    return sum >= 0 ? (sum + n / 2) / n : (sum - n / 2) / n;
 }
 
 static int pool_q8_run(mt_ctx_t *ctx, const void *rec) {
     const pool_q8_rec_t *r = rec;
     const mt_pool_geom_t *g = &r->g;
     const int8_t *x = (const int8_t *)mt_ptr(ctx, r->x);
+    const int32_t *mult = (const int32_t *)mt_ptr(ctx, r->mult), *shift = (const int32_t *)mt_ptr(ctx, r->shift);
     int8_t *y = (int8_t *)mt_ptr(ctx, r->y);
     const int is_max = r->h.code == MT_OP_MAXPOOL_Q8;
     const size_t plane = (size_t)g->H * g->W;
@@ -82,7 +87,7 @@ static int pool_q8_run(mt_ctx_t *ctx, const void *rec) {
                     out = best >= -128 ? best : r->y_zp;   /* a window without input: real 0 */
                 } else {
                     int32_t n = mt_pool_window_count(g, &w);
-                    out = n > 0 ? mt_q8_requant(rounded_mean(sum, n), r->mult, r->shift) : 0;
+                    out = n > 0 ? mt_q8_requant_even(sum, mult[n - 1], shift[n - 1]) : 0;
                 }
                 y[c * (size_t)g->OH * g->OW + (size_t)oy * g->OW + (size_t)ox] =
                     is_max ? (int8_t)out : mt_q8_out(out, r->y_zp, -128, 127);
@@ -135,7 +140,7 @@ static int gap_q8_run(mt_ctx_t *ctx, const void *rec) {
         for (uint32_t i = 0; i < r->hw; i++) {
             sum += (int32_t)x[i] - r->x_zp;
         }
-        y[c] = mt_q8_out(mt_q8_requant(sum, r->mult, r->shift), r->y_zp, -128, 127);
+        y[c] = mt_q8_out(mt_q8_requant_even(sum, r->mult, r->shift), r->y_zp, -128, 127);
     }
     return MT_OK;
 }

@@ -4,13 +4,16 @@
  *
  * An int8 tensor q stands for real values scale * (q - zero_point). Inside the
  * int8 path everything is integer: an op sums int32 products, then rescales the
- * sum to its output's scale with a fixed-point multiplier (Q31 `mult`, power of
- * two `shift`, computed by the compiler) exactly as TensorFlow Lite's reference
- * kernels do (gemmlowp's SaturatingRoundingDoublingHighMul and
- * RoundingDivideByPOT), so every platform gives the same bits. The one
- * difference: where TFLite's x * 2^shift would overflow int32 (undefined there),
- * this saturates. Float appears only at the boundary ops QUANTIZE and
- * DEQUANTIZE and in the float backward kernels that read int8 weights.
+ * sum to its output's scale with a fixed-point multiplier (Q31 `mult` and a
+ * power-of-two `shift`, computed by the compiler as TFLite's QuantizeMultiplier
+ * does): x * mult * 2^(shift - 31), rounded once, half up. That is TensorFlow
+ * Lite's reference MultiplyByQuantizedMultiplier in its single-rounding form
+ * (TFLITE_SINGLE_ROUNDING); the classic form (gemmlowp's
+ * SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT) rounds twice and
+ * is off by one in about 0.1% of the outputs of a layer, which then add up
+ * through a network. Every platform gives the same bits. Float appears only at
+ * the boundary ops QUANTIZE and DEQUANTIZE and in the float backward kernels
+ * that read int8 weights.
  */
 #ifndef MT_Q8_H
 #define MT_Q8_H
@@ -23,35 +26,33 @@
 #define MT_Q8_MAX_TAPS 32767        /* products summed per output: |sum| < 2^30, no int32 overflow */
 #define MT_Q8_BIAS_MAX (1 << 30)    /* |bias| <= 2^30: bias plus the sum stays inside int32 */
 
-/* round(a * b / 2^31) (gemmlowp's nudge: ties go up, -1.5 -> -1); the one overflow
- * (INT32_MIN^2) saturates. */
-MT_INLINE int32_t mt_q8_srdhm(int32_t a, int32_t b) {
-    if (a == b && a == INT32_MIN) {
-        return INT32_MAX;
-    }
-    int64_t t = (int64_t)a * b + (((int64_t)a * b) >= 0 ? (1 << 30) : (1 - (1 << 30)));
-    /* t / 2^31 truncated toward zero, as gemmlowp's division, with shifts only */
-    return (int32_t)(t >= 0 ? t >> 31 : -((-t) >> 31));
+/* floor(t / 2^s), 0 < s < 63, without relying on >> of a negative number */
+MT_INLINE int64_t mt_q8_floor_shift(int64_t t, int32_t s) {
+    return t >= 0 ? t >> s : -((-t + (((int64_t)1 << s) - 1)) >> s);
 }
 
-/* round(x / 2^e), ties away from zero, 0 <= e <= 31. (x >> e of a negative x is
- * an arithmetic shift on every compiler the core supports, as gemmlowp assumes.) */
-MT_INLINE int32_t mt_q8_rdbpot(int32_t x, int32_t e) {
-    const int32_t mask = (int32_t)((1u << e) - 1u);
-    const int32_t remainder = x & mask;
-    const int32_t threshold = (mask >> 1) + (x < 0 ? 1 : 0);
-    return (x >> e) + (remainder > threshold ? 1 : 0);
-}
-
-/* x * mult * 2^(shift - 31), rounded: TFLite's MultiplyByQuantizedMultiplier.
- * shift is clamped to its valid range, so constants changed after load give
- * other numbers, never undefined shifts. */
+/* round(x * mult * 2^(shift - 31)), ties up, saturated to int32. shift is clamped
+ * to its valid range, so constants changed after load give other numbers, never
+ * undefined shifts. */
 MT_INLINE int32_t mt_q8_requant(int32_t x, int32_t mult, int32_t shift) {
-    int32_t left = shift > 0 ? (shift > MT_Q8_SHIFT_MAX ? MT_Q8_SHIFT_MAX : shift) : 0;
-    int32_t right = shift < 0 ? (shift < MT_Q8_SHIFT_MIN ? -MT_Q8_SHIFT_MIN : -shift) : 0;
-    int64_t v = (int64_t)x * ((int64_t)1 << left);
-    v = v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : v);
-    return mt_q8_rdbpot(mt_q8_srdhm((int32_t)v, mult), right);
+    shift = shift < MT_Q8_SHIFT_MIN ? MT_Q8_SHIFT_MIN : (shift > MT_Q8_SHIFT_MAX ? MT_Q8_SHIFT_MAX : shift);
+    const int32_t total = 31 - shift;                      /* 1 .. 62 */
+    int64_t t = mt_q8_floor_shift((int64_t)x * mult + ((int64_t)1 << (total - 1)), total);
+    return (int32_t)(t > INT32_MAX ? INT32_MAX : (t < INT32_MIN ? INT32_MIN : t));
+}
+
+/* The same with ties to even: the averages (AVGPOOL_Q8, GAP_Q8), where a tie is
+ * common (a sum of 4 divided by 4) and onnxruntime rounds the mean to even as
+ * ONNX QuantizeLinear does. */
+MT_INLINE int32_t mt_q8_requant_even(int32_t x, int32_t mult, int32_t shift) {
+    shift = shift < MT_Q8_SHIFT_MIN ? MT_Q8_SHIFT_MIN : (shift > MT_Q8_SHIFT_MAX ? MT_Q8_SHIFT_MAX : shift);
+    const int32_t total = 31 - shift;
+    const int64_t half = (int64_t)1 << (total - 1), t = (int64_t)x * mult + half;
+    int64_t r = mt_q8_floor_shift(t, total);
+    if ((t & (2 * half - 1)) == 0 && (r & 1) != 0) {   /* exactly halfway, rounded up to odd */
+        r--;
+    }
+    return (int32_t)(r > INT32_MAX ? INT32_MAX : (r < INT32_MIN ? INT32_MIN : r));
 }
 
 MT_INLINE int8_t mt_q8_clamp(int32_t v, int32_t lo, int32_t hi) {
