@@ -9,6 +9,7 @@ run_plan(plan, x) executes the forward ops of a plan whose ops are int8 or bound
 import numpy as np
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+FLOAT_OPS = ("CONV2D", "GEMM", "ADD", "CLIP", "MAXPOOL", "AVGPOOL", "GAP")   # not modelled: given by the caller
 
 
 # ---- TFLite fixed point ----

@@ -160,7 +160,8 @@ class _Lowering:
             v = self.values[name]
             own = self.g.quant.get(name)
             twin = name + "/int8"
-            if v.view_of is not None and (own is None or own.key() == self.quant(v.view_of).key()):
+            src = self.quant(v.view_of) if v.view_of is not None else None
+            if src is not None and (own is None or own.key() == src.key()):
                 base = self.as_int8(v.view_of)   # a view of the int8 source: the same bytes
                 self.values[twin] = Value(twin, v.shape, v.onnx_shape, view_of=base, dtype="I8", quant=self.q8(base))
             else:
@@ -208,12 +209,9 @@ class _Lowering:
         acts = [i for i in n.inputs if i and self.g.values[i].data is None]
         if not acts or out in self.float_out or self.quant(out) is None or any(self.quant(i) is None for i in acts):
             return
-        if n.op not in INT8_OPS:
-            why = "microtrain has no int8 kernel for %s" % n.op
-        elif n.op in ("conv", "gemm") and n.inputs[1] not in self.g.wquant:
-            why = "its weight is float (quantize the weight too, or leave the node out of the quantization)"
-        else:
-            why = "it cannot run as int8"
+        if n.op in ("conv", "gemm") and n.inputs[1] not in self.g.wquant:
+            return   # a float weight: the layer is float in the model too (nodes_to_exclude)
+        why = "microtrain has no int8 kernel for %s" % n.op if n.op not in INT8_OPS else "it cannot run as int8"
         raise QuantizeError("node '%s' (%s) is quantized in the model (int8 inputs and output), but %s; microtrain "
                             "does not run it dequantized. Leave it out of the quantization (onnxruntime: "
                             "nodes_to_exclude=['%s'])" % (n.onnx_name, n.op, why, n.onnx_name))
@@ -314,6 +312,13 @@ def lower(graph, trainable, input_dtype="F32", scope="prefix"):
     (or uint8) values of the input's quantization instead of float32."""
     if not graph.quant:
         return graph
+    graph.quant = dict(graph.quant)
+    for name, q in list(graph.quant.items()):   # a view's rounding is its source's, if that has none
+        root = name
+        while graph.values[root].view_of is not None:
+            root = graph.values[root].view_of
+        if root != name and root not in graph.quant:
+            graph.quant[root] = q
     low = _Lowering(graph, trainable, input_dtype, scope)
     inp = graph.input
     if input_dtype != "F32":
