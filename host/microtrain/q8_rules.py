@@ -104,15 +104,17 @@ def back_qadd(b, n, dy, ins):
 
 
 def back_pool(b, n, dy, ins):
-    """Average pooling's gradient does not depend on the values: the float kernels serve."""
+    """Average pooling's gradient does not depend on the values: the float kernels serve, after
+    the mask of the output's saturation."""
     x = n.inputs[0]
     if x not in b.needs:
         return
+    d = _mask(b, n, b.index[n.output], dy, QMIN, QMAX)
     dx = b.grad_tensor(x, ins[0])
     if n.op == "qavgpool":
-        b.op("AVGPOOL_BWD", "TRAIN", [dy, dx], _pool_attrs(n.attrs), n.onnx_name)
+        b.op("AVGPOOL_BWD", "TRAIN", [d, dx], _pool_attrs(n.attrs), n.onnx_name)
     else:
-        b.op("GAP_BWD", "TRAIN", [dy, dx], [], n.onnx_name)
+        b.op("GAP_BWD", "TRAIN", [d, dx], [], n.onnx_name)
     b.contribute(x, dx)
 
 
