@@ -10,7 +10,7 @@ CORE_FILES := $(wildcard $(CORE)/mt*.c $(CORE)/mt*.h)
 NATIVE_STAMP := build/native.stamp
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table
+.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table serial-demo
 
 all: native
 
@@ -44,23 +44,36 @@ demo: native
 	$(PY) -m microtrain report $(DEMO_PLAN) --svg build/digits-arena.svg
 	$(PY) -m microtrain simulate $(DEMO_PLAN) --data examples/digits_user.npz --epochs 5
 
+# The on-board workflow of README.md ("On a board, over serial") against the emulated
+# board: the qemu MPS2_AN500 firmware on a pseudo-terminal, as a USB serial port would be.
+SERIAL_DEMO := build/serial-demo
+serial-demo: native firmware-mps2_an500
+	@mkdir -p $(SERIAL_DEMO)
+	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
+	$(PY) -m microtrain.device.emulated qemu $(FIRMWARE_BUILD)/mps2_an500/firmware.elf -- sh -c '\
+	    $(PY) -m microtrain deploy $(SERIAL_DEMO)/digits.mtp --port $$PORT && \
+	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
+	    $(PY) -m microtrain train --port $$PORT --data examples/digits_user.npz --epochs 3 --checkpoint-every 100 && \
+	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
+	    $(PY) -m microtrain pull --port $$PORT --onnx examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits_trained.onnx'
+
 test: native firmware rp2040js
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) -m pytest tests -q -rs
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
 # counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host
 # simulator vs PyTorch time. Writes bench/results.json and docs/performance.md; see
-# benchmarks/bench.py. Each board gets its own build, and a second one with a bigger heap
-# for plans that need it (MCUNet).
-BENCH_BOARDS ?= MPS2_AN500 MPS2_AN385
+# benchmarks/bench.py. Counts run on the boards' test firmware, and plans too big for its
+# heap (MCUNet) on a second build of the same board with a bigger heap.
+BENCH_BOARDS ?= mps2_an500 mps2_an385
 BENCH_HEAP ?= 2097152
+BENCH_BIG_BUILD = $(MICROTRAIN_BUILD)/bench-bigheap
 bench: native
-	+for b in $(BENCH_BOARDS); do \
-	    $(MAKE) firmware-qemu FIRMWARE_QEMU_BOARD=$$b FIRMWARE_QEMU_BUILD=$(MICROTRAIN_BUILD)/bench-qemu-$$b && \
-	    $(MAKE) firmware-qemu FIRMWARE_QEMU_BOARD=$$b FIRMWARE_QEMU_BUILD=$(MICROTRAIN_BUILD)/bench-qemu-$$b-bigheap \
-	        FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(BENCH_HEAP)" || exit 1; \
-	done
-	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS)
+	+$(MAKE) $(addprefix firmware-,$(BENCH_BOARDS))
+	+$(MAKE) $(addprefix firmware-,$(BENCH_BOARDS)) FIRMWARE_BUILD=$(BENCH_BIG_BUILD) \
+	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(BENCH_HEAP)"
+	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS) $(foreach b,$(BENCH_BOARDS),\
+	    --firmware $(b)=$(FIRMWARE_BUILD)/$(b)/firmware.elf --big-firmware $(b)=$(BENCH_BIG_BUILD)/$(b)/firmware.elf)
 	$(PY) benchmarks/perfdoc.py
 
 # rp2040js (npm, pinned by tests/rp2040js/package-lock.json) runs the Pico firmware in the tests

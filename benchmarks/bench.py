@@ -10,12 +10,17 @@ board computed is checked against the host simulator (loss and output within
 1e-4), and the baseline's loss against the core's, so a wrong run is an error,
 not a figure.
 
-    python benchmarks/bench.py [--board MPS2_AN500] [--runs 2] [--out bench/results.json]
+    python benchmarks/bench.py [--boards MPS2_AN500 ...] [--runs 2] [--only mlp-full ...] [--out ...]
+
+While changing kernels: `make firmware-mps2_an500` and then
+    python benchmarks/bench.py --only fixed mlp-full cnn-full --no-host --out build/bench.json
+counts those cases on the test firmware in a few seconds.
 
 `make bench` runs it with two runs (the counts must repeat exactly) and then
 benchmarks/perfdoc.py, which writes docs/performance.md from the JSON.
 """
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -189,22 +194,28 @@ def table(entries):
 
 
 def firmware_for(board, given, big):
-    """The firmware to count on for a board: --firmware BOARD=PATH, else `make bench`'s build
-    (build/bench-qemu-<board>[-bigheap]), else `make firmware`'s if it was built for that board."""
+    """The firmware to count on for a board: --firmware BOARD=PATH, else `make firmware`'s build
+    (build/firmware/<board>/) or `make bench`'s big-heap one (build/bench-bigheap/<board>/)."""
     if given.get(board):
         return given[board]
-    path = os.path.join(ROOT, "build", "bench-qemu-%s%s" % (board, "-bigheap" if big else ""), "firmware.elf")
-    test_build = os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf")
-    if not big and not os.path.exists(path) and built_for(test_build) == board:
-        return test_build
-    return path
+    return os.path.join(ROOT, "build", "bench-bigheap" if big else "firmware", board.lower(), "firmware.elf")
+
+
+def check_fresh(firmware):
+    """A firmware older than the module's sources would count old code."""
+    sources = glob.glob(os.path.join(ROOT, "modules", "microtrain", "*.[ch]"))
+    newer = sorted(os.path.basename(p) for p in sources if os.path.getmtime(p) > os.path.getmtime(firmware))
+    if newer:
+        raise RuntimeError("%s is older than modules/microtrain/%s: rebuild it (`make bench` does)"
+                           % (os.path.relpath(firmware, ROOT), ", ".join(newer)))
 
 
 def built_for(firmware):
     """The board named in a firmware build's settings (firmware/micropython.mk writes them), if any."""
     cfg = os.path.join(os.path.dirname(firmware), "microtrain.config")
     if os.path.exists(firmware) and os.path.exists(cfg):
-        names = set(open(cfg).read().split()) & set(qemu_count.BOARDS)
+        words = [w.strip("'\"").split("=")[-1] for w in open(cfg).read().split()]
+        names = set(words) & set(qemu_count.BOARDS)
         return names.pop() if len(names) == 1 else None
     return None
 
@@ -224,9 +235,9 @@ def sessions_for(board, fw, big, cases):
             continue
         groups.setdefault(fits[0], []).append(c)
         if fits[0] == big:
-            notes[c.id] = "counted on a build with a %d KB heap (the plan needs %d KB of RAM; the standard qemu " \
-                          "build has %d KB)" % (firmware_heap(big) >> 10, c.report["ram_bytes"] >> 10,
-                                                STANDARD_HEAP >> 10)
+            notes[c.id] = "counted on the same board built with a %d KB heap (MICROPY_HEAP_SIZE; `make bench` " \
+                          "builds it): the plan needs %d KB of RAM, the standard build's heap is %d KB" % (
+                              firmware_heap(big) >> 10, c.report["ram_bytes"] >> 10, STANDARD_HEAP >> 10)
     sessions = [(f, group, []) for f, group in groups.items()]
     sessions += [(fw, [], [c]) for c in cases if c.has_baseline and os.path.exists(fw)]
     return sessions, notes
@@ -237,23 +248,26 @@ def main():
     ap.add_argument("--boards", nargs="+", default=os.environ.get("BENCH_BOARDS", "MPS2_AN500").split(),
                     help="qemu boards (%s)" % ", ".join(qemu_count.BOARDS))
     ap.add_argument("--firmware", action="append", default=[], metavar="BOARD=PATH",
-                    help="firmware.elf for a board (default build/bench-qemu-<board>/firmware.elf)")
+                    help="firmware.elf for a board (default build/firmware/<board>/firmware.elf)")
     ap.add_argument("--big-firmware", action="append", default=[], metavar="BOARD=PATH",
                     help="a build with a bigger heap, for plans that need it "
-                         "(default build/bench-qemu-<board>-bigheap/firmware.elf)")
+                         "(default build/bench-bigheap/<board>/firmware.elf)")
     ap.add_argument("--runs", type=int, default=1, help="qemu runs; with 2 or more the counts must be identical")
     ap.add_argument("--only", nargs="*", help="case ids (%s)" % " ".join(c[0] for c in bench_models.cases()))
     ap.add_argument("--no-qemu", action="store_true", help="host figures only")
+    ap.add_argument("--no-host", action="store_true", help="instruction counts only (no simulator or PyTorch timing)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.json"))
     ap.add_argument("-v", "--verbose", action="store_true", help="echo what the board prints")
     args = ap.parse_args()
     for b in args.boards:
         qemu_count.board(b)
-    given = {k: dict(a.split("=", 1) for a in v) for k, v in (("std", args.firmware), ("big", args.big_firmware))}
+    args.boards = [b.upper() for b in args.boards]
+    given = {k: {b.upper(): f for b, f in (a.split("=", 1) for a in v)}
+             for k, v in (("std", args.firmware), ("big", args.big_firmware))}
 
     cases = [Case(*c) for c in bench_models.cases() if not args.only or c[0] in args.only]
     host = {}
-    for c in cases:
+    for c in ([] if args.no_host else cases):
         host[c.id] = host_speed(c)
         print("%-12s host %8.1f us/step, torch eager %8.1f us/step" % ((c.id,) + host[c.id]))
 
@@ -264,6 +278,8 @@ def main():
             if os.path.exists(f) and built_for(f) not in (None, board):
                 raise ValueError("%s was built for %s, not %s: pass --firmware %s=PATH" % (f, built_for(f), board, board))
         sessions, board_notes = sessions_for(board, fw, big, cases)
+        for f in set(s[0] for s in sessions):
+            check_fresh(f)
         notes.update({(board, cid): n for cid, n in board_notes.items()})
         for run in range(args.runs):
             for f, group, baselines in sessions:
@@ -271,7 +287,7 @@ def main():
                 if run == 0:
                     for cid, r in res.items():
                         counted.setdefault((board, cid), {}).update(r)
-                tag = "%s %s" % (board, os.path.basename(os.path.dirname(f)))
+                tag = "%s %s" % (board, "big heap" if f == big else "standard")
                 raw_runs[run].update({"%s %s" % (tag, k): v for k, v in counts.items()})
     # The Trainer windows must repeat exactly. The plain-MicroPython baseline's include garbage
     # collections, and MicroPython's collector scans the stack conservatively: a stale word
@@ -304,8 +320,9 @@ def main():
             out.append(dict(model=c.model, update=c.update, board=board, instr_per_step=step,
                             instr_per_predict=r.get("predict"), macs_per_step=macs,
                             instr_per_mac=round(step / macs, 1) if step is not None and macs else None,
-                            baseline_instr_per_step=r.get("baseline"), host_us_per_step=round(host[c.id][0], 1),
-                            torch_us_per_step=round(host[c.id][1], 1)))
+                            baseline_instr_per_step=r.get("baseline"),
+                            host_us_per_step=round(host[c.id][0], 1) if c.id in host else None,
+                            torch_us_per_step=round(host[c.id][1], 1) if c.id in host else None))
     print()
     print(table(out))
     named = {c.id: "%s / %s" % (c.model, c.update) for c in cases}

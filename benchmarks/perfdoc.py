@@ -14,6 +14,7 @@ import sys
 from qemu_count import BOARDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+V0_COMMIT = "2b1c39e"   # the source bench/v0.json was counted on
 MHZ = 216            # STM32F746, the board of MIT's figures
 CPI = 1.0            # assumed cycles per instruction (see the text)
 CPI_RANGE = (0.7, 1.5)
@@ -73,9 +74,9 @@ def render(results, before, run):
            "shared machine, good to a few tens of percent.", "",
            "## One training step", "",
            "Cross-entropy, SGD with momentum 0.9, batch 1. *v0* is the core before the kernel rewrite of "
-           "issue 8, counted with the same harness. *est. ms* is an **estimate** for a 216 MHz Cortex-M7 "
+           "issue 8 (commit %s), counted with the same harness (`bench/v0.json`). *est. ms* is an **estimate** for a 216 MHz Cortex-M7 "
            "(instructions x %.1f cycle / 216 MHz), not a measurement, given for the Cortex-M7 board only. "
-           "Boards: %s." % (CPI, "; ".join("%s = %s" % (b, BOARDS[b]["core"] + (", soft float" if b == "MPS2_AN385"
+           "Boards: %s." % (V0_COMMIT, CPI, "; ".join("%s = %s" % (b, BOARDS[b]["core"] + (", soft float" if b == "MPS2_AN385"
                                                                                else ", double-precision FPU"))
                                             for b in run.get("boards", ["MPS2_AN500"]) if b in BOARDS)), "",
            "| model | update | board | instr/step v0 | instr/step | instr/predict | MACs/step | instr/MAC | "
@@ -116,7 +117,7 @@ def render(results, before, run):
                                           "{:,}".format(e["instr_per_step"]), e["board"],
                                           ms_at_216(e["instr_per_step"]), lo, hi))
             p = prev.get(key(e))
-            if p and p.get("instr_per_step") and p["instr_per_step"] != e["instr_per_step"]:
+            if p and p.get("instr_per_step") and abs(p["instr_per_step"] / e["instr_per_step"] - 1) > 0.01:
                 out.append("| %s | microtrain v0, float32, %s (estimate) | %.0f |"
                            % (e["model"], e["update"], ms_at_216(p["instr_per_step"])))
     out += ["", "A float32 MCUNet needs more RAM than the STM32F746 has (see `benchmarks/memory.py`), so this "
@@ -129,7 +130,7 @@ def render(results, before, run):
             "clock. The script on the board reads the CMSDK timer 0 (25 MHz, 3.2 ticks per instruction, so the "
             "rounded tick count is the exact instruction count) before and after `t.step(x, y, loss_out)` or "
             "`t.predict(x, out)`; the dual timer, prescaled by 256, counts the fine timer's wraps for windows "
-            "longer than 335 M instructions. The same two reads with nothing between them (%s instructions) are "
+            "longer than 335 M instructions. The same two reads with nothing between them (%s) are "
             "subtracted, so a count is everything the call costs from MicroPython: bytecode dispatch, argument "
             "checks and the core's step. SysTick's interrupt (the only one the qemu port enables) is off while "
             "counting, `gc.collect()` runs before each window and the calls allocate nothing, so the counts are "
@@ -181,8 +182,7 @@ def render(results, before, run):
 
 ISSUE_NOTE = (
     "The issue does not give its CNN's layers; the one defined here lands on its count, so it is taken to be "
-    "the same network. Figures here leave out the two timer reads (the issue's fixed cost may include its "
-    "measurement's own overhead). The plain-MicroPython step is a different program from the issue's, which "
+    "the same network. Figures here leave out the two timer reads themselves. The plain-MicroPython step is a different program from the issue's, which "
     "the issue does not show: this one keeps weights in `array('f')`, so each weight read makes a float "
     "object and the garbage collector runs inside the step.")
 
@@ -194,8 +194,9 @@ def spread(run):
         return "no windows recorded"
     worst = max((max(v) - min(v)) / min(v) for v in steps)
     n_equal = sum(len(set(v)) == 1 for v in steps)
-    return ("equal in %d of %d cases; where data-dependent branches (ReLU masks, max-pool choices) change as "
-            "the weights learn they differ by at most %.3f %%" % (n_equal, len(steps), 100 * worst))
+    return ("equal in %d of %d cases; where data-dependent branches (ReLU masks, max-pool choices, and on a "
+            "soft-float board the float routines themselves) change as the weights learn, they differ by at most "
+            "%.2f %%" % (n_equal, len(steps), 100 * worst))
 
 
 def repeat(run):
@@ -209,8 +210,8 @@ def repeat(run):
 
 def overhead(run):
     vals = sorted(set(v[0] for kk, v in run.get("windows", {}).items() if kk.endswith(" - empty") and v))
-    return " or ".join("{:,}".format(v) for v in vals) + " depending on the board" if len(vals) > 1 else \
-        "{:,}".format(vals[0]) if vals else "a few hundred"
+    return " or ".join("{:,}".format(v) for v in vals) + " instructions, depending on the board" if len(vals) > 1 \
+        else "{:,} instructions".format(vals[0]) if vals else "a few hundred instructions"
 
 
 def main():

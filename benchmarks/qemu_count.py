@@ -54,6 +54,8 @@ MAGIC = b"MTBENCH1"
 
 
 def board(name):
+    """A board's setup, by MicroPython's board name (MPS2_AN500) or the profile's (mps2_an500)."""
+    name = name.upper()
     if name not in BOARDS:
         raise ValueError("no instruction-counting setup for qemu board %r; known: %s (add its timers and a free "
                          "RAM address to BOARDS in benchmarks/qemu_count.py)" % (name, ", ".join(sorted(BOARDS))))

@@ -85,20 +85,21 @@ def main():
         if args.no_run or t is None or t.missing():
             continue
         total, free = measure(t)
-        heap[name] = dict(total_bytes=total, free_bytes=free, measured=True,
+        heap[name] = dict(b["heap"], total_bytes=total, free_bytes=free, measured=True,
                           how="gc.mem_free() after boot, `import microtrain` and gc.collect(), on %s here "
                               "(firmware/boards_table.py)" % ({"unix": "the unix port", "rpi_pico": "rp2040js"}
                                                              .get(name, "qemu-system-arm")))
         if b["port"] == "qemu":
-            ratios.append((total / b["heap"]["total_bytes"], total - free))
+            ratios.append((total / b["heap"]["region_bytes"], total - free))
         print("%s: heap %d, free after import %d" % (name, total, free), file=sys.stderr)
     for name, b in profiles.items():
         region = heap_region(b)
         if name in heap or region is None or not ratios:
             continue
         ratio, boot = min(r for r, _ in ratios), max(u for _, u in ratios)
-        heap[name] = dict(total_bytes=region, free_bytes=int(region * ratio) - boot, measured=False,
-                          how="estimate from the built image: GC heap region %d B between the linker symbols %s, "
+        heap[name] = dict(region_bytes=region, total_bytes=int(region * ratio), free_bytes=int(region * ratio) - boot,
+                          measured=False,
+                          how="estimate from the built image: GC heap region %d B between the linker symbols %s and %s, "
                               "less the GC's tables (x %.4f) and what boot and `import microtrain` take (%d B), "
                               "both as measured on the qemu boards; the board itself was not run here"
                               % ((region,) + HEAP_SYMBOLS[b["port"]] + (ratio, boot)))

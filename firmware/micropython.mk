@@ -101,7 +101,7 @@ micropython:
 	@$(FETCH) micropython "$(MICROPY_DIR)"
 
 firmware-clean:
-	rm -rf "$(FIRMWARE_BUILD)" "$(NATMOD_BUILD)"
+	rm -rf "$(FIRMWARE_BUILD)" "$(NATMOD_BUILD)" "$(MICROTRAIN_BUILD)/micropython-unix" "$(MICROTRAIN_BUILD)/micropython-qemu"
 
 ifeq ($(wildcard $(MICROPY_DIR)/py/mpconfig.h),)
 ifneq ($(MICROPY_TARBALL)$(MICROTRAIN_VENDOR_FOUND),)
@@ -132,12 +132,32 @@ ifeq ($(BOARD),)
 firmware: $(addprefix firmware-,$(FIRMWARE_TEST_HERE)) $(if $(MT_HAVE_ARM),natmods-test,$(NATMOD_BUILD)/x64/_microtrain.mpy) \
 		firmware-circuitpython
 	@$(foreach b,$(FIRMWARE_TEST_NOT_HERE),echo "microtrain: skipping firmware $(b): no $(call mt_toolchain_missing,$(b)) (see firmware/README.md)";)
+firmware: microtrain-v0-links
+else ifeq ($(filter $(MT_BOARD_NAME),$(MT_BOARDS)),)
+firmware:
+	@echo "microtrain: no board profile boards/$(MT_BOARD_NAME).json; the boards are: $(MT_BOARDS)"; exit 2
 else
 firmware: firmware-$(MT_BOARD_NAME)
 endif
 firmware-all: $(addprefix firmware-,$(FIRMWARE_ALL_BOARDS)) natmods firmware-circuitpython
-# v0's name for the qemu target
-firmware-qemu: firmware-mps2_an500
+# v0's paths (build/micropython-unix, build/micropython-qemu), which benchmarks and
+# tests/test_bench.py use, as links to the boards' build directories
+microtrain-v0-links: $(addprefix firmware-,$(filter unix mps2_an500,$(FIRMWARE_TEST_HERE)))
+	@$(if $(filter unix,$(FIRMWARE_TEST_HERE)),$(call mt_link,firmware/unix,$(MICROTRAIN_BUILD)/micropython-unix))
+	@$(if $(filter mps2_an500,$(FIRMWARE_TEST_HERE)),$(call mt_link,firmware/mps2_an500,$(MICROTRAIN_BUILD)/micropython-qemu))
+# $(call mt_link,target,link): a link in place of whatever is there (v0 left directories)
+mt_link = { [ -L "$(2)" ] || rm -rf "$(2)"; ln -sfn "$(1)" "$(2)"; }
+.PHONY: microtrain-v0-links
+
+# v0's qemu target, kept for `make bench`: the qemu BOARD FIRMWARE_QEMU_BOARD, built by the
+# pattern rule; with FIRMWARE_QEMU_BUILD, in a tree of its own (<dir>.d, for other make
+# arguments such as a bigger heap) that <dir> links to.
+FIRMWARE_QEMU_BOARD ?= MPS2_AN500
+FIRMWARE_QEMU_BUILD ?=
+firmware-qemu:
+	+$(MICROTRAIN_SUBMAKE) -f $(firstword $(MAKEFILE_LIST)) firmware BOARD=$(FIRMWARE_QEMU_BOARD) MICROPY_DIR="$(MICROPY_DIR)" \
+	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS)" $(if $(FIRMWARE_QEMU_BUILD),FIRMWARE_BUILD="$(abspath $(FIRMWARE_QEMU_BUILD)).d")
+	@$(if $(FIRMWARE_QEMU_BUILD),$(call mt_link,$(notdir $(FIRMWARE_QEMU_BUILD)).d/$(shell echo '$(FIRMWARE_QEMU_BOARD)' | tr 'A-Z-' 'a-z_'),$(FIRMWARE_QEMU_BUILD)))
 
 firmware-check:
 	@echo "microtrain: MicroPython $(MICROPY_VERSION_FOUND) at $(MICROPY_DIR) (want $(MICROPY_TAG))"

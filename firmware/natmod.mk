@@ -1,11 +1,11 @@
 # microtrain as a native .mpy module (MicroPython "natmod"), for firmware that
-# was built without the microtrain user C module. Used by `make firmware-natmod`
-# (firmware/micropython.mk), which writes build/natmod-ARCH/Makefile as
+# was built without the microtrain user C module. Used by `make natmods` / `make natmod
+# NATMOD_ARCH=...` (firmware/micropython.mk), which writes build/natmod/ARCH/Makefile as
 #     include <repo>/firmware/natmod.mk
 # (MicroPython's dynruntime.mk wants a Makefile in the working directory) and runs
-#     make -C build/natmod-ARCH MPY_DIR=... ARCH=armv7emdp
-# which leaves _microtrain.mpy there. Copy it to the board (mpremote cp) and import it.
-# Needs pyelftools (pip install pyelftools) for MicroPython's tools/mpy_ld.py.
+#     make -C build/natmod/ARCH MPY_DIR=... ARCH=armv7emdp
+# which leaves _microtrain.mpy there, with a package.json for mpremote mip install.
+# Needs pyelftools and ar (requirements.txt) for MicroPython's tools/mpy_ld.py.
 # ARCH: x64, x86, armv6m, armv7m, armv7emsp, armv7emdp, xtensa, xtensawin, rv32imc...
 # The .mpy version must match the firmware's (same MicroPython release, v1.28.0).
 

@@ -98,6 +98,17 @@ def targets():
     return {x.name: x for x in t}
 
 
+def gcov_env(target, where):
+    """CircuitPython's unix port is its `coverage` variant, built with gcov: each run writes
+    .gcda files, and when they are stale (from a previous build) gcov prints merge errors
+    that would mix with the test output. They go to a fresh directory of their own."""
+    if target.runtime != "circuitpython":
+        return {}
+    d = os.path.join(where, "gcov")
+    shutil.rmtree(d, ignore_errors=True)
+    return {"GCOV_PREFIX": d, "GCOV_PREFIX_STRIP": "0"}
+
+
 def run_tests_command(target, tests, result_dir):
     """(argv, env) running MicroPython's run-tests.py on TESTS against TARGET."""
     env = dict(os.environ)
@@ -106,6 +117,7 @@ def run_tests_command(target, tests, result_dir):
     if target.kind == "unix":
         env["MICROPY_MICROPYTHON"] = target.firmware
         args += ["-t", "unix"]
+        env.update(gcov_env(target, result_dir))
     else:
         args += ["-t", target.device(), "-j", "1"]
     tests_dir = os.path.join(MICROPY_DIR, "tests")
@@ -116,7 +128,8 @@ def run_script(target, code, timeout=600):
     """Run CODE (a string) on TARGET; returns what it printed. Through MicroPython's
     tools/pyboard.py for execpty targets (raw REPL), a process for unix ones."""
     if target.kind == "unix":
-        r = subprocess.run([target.firmware, "-c", code], capture_output=True, text=True, timeout=timeout)
+        env = dict(os.environ, **gcov_env(target, os.path.join(BUILD, "gcov-run-script")))
+        r = subprocess.run([target.firmware, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
         if r.returncode:
             raise RuntimeError("%s: exit status %d: %s" % (target.name, r.returncode, r.stderr or r.stdout))
         return r.stdout

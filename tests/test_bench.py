@@ -126,7 +126,7 @@ def test_doc_lists_every_entry():
 
 
 def _firmware():
-    fw = os.path.join(ROOT, "build", "micropython-qemu", "firmware.elf")
+    fw = os.path.join(ROOT, "build", "firmware", "mps2_an500", "firmware.elf")
     micropy = os.environ.get("MICROPY_DIR") or os.path.expanduser("~/.cache/microtrain/micropython")
     if not os.path.exists(fw) or shutil.which("qemu-system-arm") is None:
         pytest.skip("needs qemu-system-arm and `make firmware` (%s)" % os.path.relpath(fw, ROOT))

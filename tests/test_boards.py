@@ -97,8 +97,8 @@ def test_compile_for_rpi_pico_fits(tmp_path):
 
 
 def test_compile_for_rpi_pico_does_not_fit(tmp_path):
-    """256-512-256-10 with momentum and a batch: about 3 MB of parameters and optimizer state."""
-    onnx_path = model(tmp_path, "big", n_in=256, hidden=512, n_out=10)
+    """256-256-10 with momentum and a batch: about 800 KB of parameters and optimizer state."""
+    onnx_path = model(tmp_path, "big", n_in=256, hidden=256, n_out=10)
     out = str(tmp_path / "big.mtp")
     r = cli("compile", onnx_path, "-o", out, "--update", "full", "--momentum", "0.9", "--batch", "4",
             "--board", "RPI_PICO")
@@ -111,8 +111,14 @@ def test_compile_for_rpi_pico_does_not_fit(tmp_path):
     need, free, short = (kb(g) for g in m.groups())
     assert free == pytest.approx(boards.load_board("rpi_pico")["heap"]["free_bytes"], abs=52)
     assert short == pytest.approx(need - free, abs=103)
-    for remedy in ("--batch 1", "--momentum 0", "sparser --update", "ROMFS", "int8"):
+    for remedy in ("--batch 1", "--momentum 0", "sparser --update", "ROMFS"):
         assert remedy in msg, remedy
+    # last layer only: the first layer's 256 KB of weights are constants, read into RAM with the plan
+    r = cli("compile", onnx_path, "-o", out, "--update", "last-layer", "--board", "rpi_pico")
+    assert r.returncode == 2 and "does not fit rpi_pico" in r.stderr
+    for remedy in ("ROMFS", "int8"):
+        assert remedy in r.stderr, remedy
+    assert "sparser --update" not in r.stderr
     # the same plan, written without --board, fails `report --board` the same way, and fits a bigger board
     assert cli("compile", onnx_path, "-o", out, "--update", "full", "--momentum", "0.9", "--batch", "4").returncode == 0
     r = cli("report", out, "--board", "rpi_pico")
@@ -198,3 +204,18 @@ def test_mip_installs_the_native_module_with_the_device_package():
         if name.endswith(".py"):
             with open(os.path.join(package, name), "rb") as f:
                 assert board.files["/lib/microtrain/" + name] == f.read(), "package.json lacks " + name
+
+
+def test_fit_boundary_is_exact():
+    """A board with exactly the heap the plan needs fits; one byte less does not, by 1 B."""
+    import copy
+    import microtrain
+    r = microtrain.compile(models.mlp(n_in=16, hidden=32, n_out=4), update="full").report()
+    board = copy.deepcopy(boards.load_board("rpi_pico"))
+    need = sum(boards.ram_needed(r, board).values())
+    assert need >= r["ram_bytes"] + r["plan_bytes"] + boards.TRAINER_OBJECT_BYTES[4]
+    board["heap"]["free_bytes"] = need
+    assert any("0 B to spare" in n for n in boards.check(r, board))
+    board["heap"]["free_bytes"] = need - 1
+    with pytest.raises(boards.DoesNotFit, match="1 B short"):
+        boards.check(r, board)

@@ -361,16 +361,18 @@ def need_target(target):
     why = target.missing()
     if why:
         skip(why)
-    if target.firmware.startswith(ROOT):
-        # a firmware older than the module's sources (what its make rule depends on, the
-        # frozen device package included) tests old code
+    # a build older than the module's sources (what its make rule depends on, the frozen
+    # device package included) tests old code; a native-module target runs the .mpy (and the
+    # package from the source tree), not the firmware's module
+    built = target.mpy or target.firmware
+    if built.startswith(mptargets.BUILD):
         sources = [p for pattern in ("*.c", "*.h", "micropython.mk", "manifest.py", "python/*/*.py")
                    for p in glob.glob(os.path.join(MODULE_SOURCES, pattern))]
-        built = min(os.path.getmtime(f) for f in (target.firmware, target.mpy) if f)
-        newer = sorted(os.path.relpath(p, MODULE_SOURCES) for p in sources if os.path.getmtime(p) > built)
+        newer = sorted(os.path.relpath(p, MODULE_SOURCES) for p in sources
+                       if os.path.getmtime(p) > os.path.getmtime(built))
         if newer:
             pytest.fail("%s is older than modules/microtrain/%s; run `make firmware`"
-                        % (os.path.relpath(target.firmware, ROOT), ", ".join(newer)), pytrace=False)
+                        % (os.path.relpath(built, ROOT), ", ".join(newer)), pytrace=False)
 
 
 @pytest.mark.parametrize("name", list(TARGETS))

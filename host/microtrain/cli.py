@@ -1,4 +1,5 @@
-"""The microtrain command: compile, report, simulate, export.
+"""The microtrain command: compile, report, simulate, export; deploy, train, eval, pull
+(device/commands.py).
 
 Every error a user can cause ends in one line on stderr, "microtrain CMD: error: ...",
 naming the file, array or option, the offending value and what to do, and exit
@@ -288,16 +289,19 @@ def parser():
     b.set_defaults(func=_boards)
     f = sub.add_parser("flash", help="write a board's firmware (make firmware BOARD=NAME) with its family's tool",
                        formatter_class=fmt)
-    f.add_argument("--board", required=True, metavar="NAME")
-    f.add_argument("--port", help="serial port (esptool)")
-    f.add_argument("--image", help="firmware image (default: build/firmware/NAME/<image>)")
-    f.add_argument("--dry-run", action="store_true", help="print the command only")
+    f.add_argument("--board", required=True, metavar="NAME", help="board profile to flash (microtrain boards)")
+    f.add_argument("--port", help="serial port of the board (esptool needs it)")
+    f.add_argument("--image", help="firmware image to write (default: build/firmware/NAME/<image>)")
+    f.add_argument("--dry-run", action="store_true", help="print the flashing command, run nothing")
     f.set_defaults(func=_flash)
+    from .device.commands import add_arguments as add_board_commands
+    add_board_commands(sub, fmt)     # deploy, train, eval, pull: microtrain.device.commands
     return p
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    from .device.errors import DeviceError
     from .training import InternalError
     try:
         args.func(args)
@@ -310,7 +314,7 @@ def main(argv=None):
     except InternalError as e:
         print("microtrain %s: %s" % (args.cmd, e), file=sys.stderr)
         return 3
-    except (ValueError, TypeError, NotImplementedError) as e:
+    except (ValueError, TypeError, NotImplementedError, DeviceError) as e:
         print("microtrain %s: error: %s" % (args.cmd, e), file=sys.stderr)
         return 2
     except OSError as e:

@@ -20,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def main(argv):
     if len(argv) != 2:
         sys.exit("usage: pty_bridge.py FIRMWARE.uf2 BOOTROM.ts")
+    argv = [os.path.abspath(a) for a in argv]   # node runs in this directory (its node_modules)
     node = subprocess.Popen(["node", os.path.join(HERE, "run.mjs")] + argv, cwd=HERE,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     master, slave = os.openpty()

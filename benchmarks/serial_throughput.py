@@ -1,0 +1,161 @@
+"""Samples per second over the serial link to the qemu MPS2_AN500 board: the raw
+UART, the protocol alone, and training, for a model whose step takes about 1 ms on
+the board. Prints figures; decides nothing.
+
+    .venv/bin/python benchmarks/serial_throughput.py [--samples 400] [--hidden 96]
+
+raw UART      x and y bytes with no framing at all, read by a plain loop on the board
+              (stop-and-wait chunks of the protocol's size, and one stream)
+link alone    TRAIN frames that the board receives and checks but does not train on
+train         TRAIN frames trained on (with and without the running accuracy)
+on the board  t.step() in a loop over samples already in RAM
+
+protocol cost = 1 - (link alone) / (raw UART, stop-and-wait chunks of the same size).
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import microtrain  # noqa: E402
+import models  # noqa: E402
+from microtrain.device import protocol as P  # noqa: E402
+from microtrain.device.board import Board  # noqa: E402
+from microtrain.device.emulated import QemuBoard  # noqa: E402
+from microtrain.device.link import POLL  # noqa: E402
+
+FIRMWARE = os.path.join(ROOT, "build", "firmware", "mps2_an500", "firmware.elf")
+
+# a plain reader on the board: `chunks` reads of `size` bytes, one byte back after each
+RAW = """import sys, time
+b = bytearray(%d)
+rx, tx = sys.stdin.buffer, sys.stdout.buffer
+t0 = time.ticks_ms()
+for i in range(%d):
+    rx.readinto(b)
+    %s
+print(time.ticks_diff(time.ticks_ms(), t0))
+"""
+
+STEPS = """import _microtrain, time, gc
+from array import array
+gc.collect()
+t = _microtrain.Trainer(open('mt/plan.mtp', 'rb').read())
+x = array('f', [0.5] * t.input_len)
+lo = array('f', [0])
+best = None
+for r in range(%d):
+    t0 = time.ticks_us()
+    for i in range(%d):
+        t.step(x, i %% t.output_len, lo)
+    dt = time.ticks_diff(time.ticks_us(), t0)
+    best = dt if best is None else min(best, dt)
+print(best)
+"""
+
+
+def raw_rate(board, size, chunks, ack):
+    """Bytes per second into the board through the raw REPL, with no protocol."""
+    t = board.transport
+    t.enter_raw_repl(soft_reset=False)
+    t.exec_raw_no_follow(RAW % (size, chunks, "tx.write(b'k')" if ack else "pass"))
+    data = bytes(range(256)) * (size // 256 + 1)
+    t.serial.timeout = POLL     # the host waits as the protocol's link does
+    t0 = time.monotonic()
+    for i in range(chunks):
+        t.serial.write(data[:size])
+        while ack and not t.serial.read(1):
+            pass
+    end = b""
+    while not end.endswith(b"\x04\x04>"):
+        end += t.serial.read(64)
+    wall = time.monotonic() - t0
+    assert end.startswith(b"OK") or b"Traceback" not in end, end
+    return size * chunks / wall
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=400)
+    ap.add_argument("--hidden", type=int, default=96, help="MLP 64-H-10 trained in full (96: 0.4-1.4 ms a step on qemu, "
+                    "depending on the core version and the host's load; the step time is printed)")
+    ap.add_argument("--repeat", type=int, default=3, help="best of this many runs of each (the machine is shared)")
+    ap.add_argument("--firmware", default=FIRMWARE)
+    args = ap.parse_args()
+
+    plan = microtrain.compile(models.mlp(n_in=64, hidden=args.hidden, n_out=10, seed=1), update="full",
+                              loss="cross-entropy", lr=0.01)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.samples, 64)).astype(np.float32)
+    y = rng.integers(0, 10, args.samples)
+    per_sample = 64 * 4 + 4
+
+    with QemuBoard(args.firmware) as qemu:
+        b = Board(qemu.port)
+        b.connect()
+        b.deploy(plan)
+        b.start_run(1)
+        xs, ys = b.check_data(x, y)
+        rows = b.rows(b.sizer.limit, xs, ys)
+        chunk_bytes = rows * per_sample
+
+        def stream(dry, accuracy=False):
+            b.start_run(1)
+            t0, i = time.monotonic(), 0
+            while i < len(xs):
+                n = min(rows, len(xs) - i)
+                b.train_chunk(i if not dry else 0, xs[i:i + n], ys[i:i + n], accuracy=accuracy, dry=dry)
+                i += n
+            return len(xs) / (time.monotonic() - t0)
+
+        best = {}
+
+        def measure(name, fn):
+            best[name] = max(best.get(name, 0), fn())
+
+        for _ in range(args.repeat):
+            measure("link", lambda: stream(dry=True))
+            measure("train", lambda: stream(dry=False))
+            measure("train_acc", lambda: stream(dry=False, accuracy=True))
+        resent = b.stats.resent
+        b.close()
+
+        n_chunks = max(1, args.samples // rows)
+        for _ in range(args.repeat):
+            b = Board(qemu.port)
+            measure("raw_ack", lambda: raw_rate(b, chunk_bytes, n_chunks, ack=True) / per_sample)
+            measure("raw_stream", lambda: raw_rate(b, chunk_bytes, n_chunks, ack=False) / per_sample)
+            b.transport.close()
+        b = Board(qemu.port)
+        b.transport.enter_raw_repl(soft_reset=False)
+        us = int(b.transport.exec(STEPS % (args.repeat, 200)).decode().split()[-1]) / 200
+        b.transport.close()
+    link, train, train_acc = best["link"], best["train"], best["train_acc"]
+    raw_ack, raw_stream = best["raw_ack"], best["raw_stream"]
+
+    on_board = 1e6 / us
+    print("model: MLP 64-%d-10, full training, %d MACs per step; %d bytes per sample (x float32, label int32)"
+          % (args.hidden, plan.report()["macs_per_step"], per_sample))
+    print("step on the board (qemu's clock): %.0f us -> %.0f samples/s training alone" % (us, on_board))
+    print("frames of %d samples (%d bytes of samples + %d of framing)" % (rows, chunk_bytes, P.OVERHEAD + 8))
+    print("%-44s %8s  (best of %d)" % ("", "samples/s", args.repeat))
+    print("%-44s %8.1f" % ("raw UART, one stream", raw_stream))
+    print("%-44s %8.1f" % ("raw UART, stop-and-wait chunks", raw_ack))
+    print("%-44s %8.1f" % ("link alone (protocol, no training)", link))
+    print("%-44s %8.1f" % ("train", train))
+    print("%-44s %8.1f" % ("train with running accuracy", train_acc))
+    print("protocol cost vs raw stop-and-wait: %.1f%%; vs raw stream: %.1f%%"
+          % (100 * (1 - link / raw_ack), 100 * (1 - link / raw_stream)))
+    ideal = 1 / (1 / raw_stream + 1 / on_board)
+    print("train vs raw stream + training one after the other (%.1f samples/s): %.1f%% slower"
+          % (ideal, 100 * (1 - train / ideal)))
+    print("frames resent: %d" % resent)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""A board running microtrain's server, seen from the host.
+
+    with Board(port) as b:          # starts the server through the raw REPL if needed
+        b.deploy(plan)
+        b.start_run(run_id)
+        b.train_chunk(0, x, y)
+        b.params()
+
+Files and the REPL go through mpremote's SerialTransport; everything else through
+the framed protocol (link.py) on the same serial port."""
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import struct
+import time
+import zlib
+
+import numpy as np
+
+from . import protocol as P
+from .errors import BoardReset, DataError, FirmwareError, LinkError, NoDevice, PlanTooBig
+from .link import Link
+from .ports import describe_ports
+
+# Run in the raw REPL before the server starts: is the module there, and a filesystem?
+CHECK = """import sys, os
+try:
+    import microtrain
+    m = hasattr(microtrain, 'Trainer') and hasattr(microtrain, 'serve')
+except ImportError:
+    m = False
+try:
+    import vfs
+    fs = len(vfs.mount()) > 0
+except (ImportError, TypeError):
+    fs = True
+print(repr({'module': m, 'platform': sys.platform, 'fs': fs}))
+"""
+MOUNT_RAMDISK = "from microtrain import ramdisk\nramdisk.mount()\n"
+START = "import microtrain\nmicrotrain.serve()\n"
+
+# Bytes that a REPL acts on (Ctrl-A..E, CR, LF, ESC): the first frame sent to a board
+# whose state is unknown avoids them, so that if a REPL reads it instead of the
+# server, it is one line of junk that Ctrl-C clears.
+REPL_CONTROL = frozenset(b"\x01\x02\x03\x04\x05\n\r\x1b")
+
+# RAM the server needs beside the plan's: its frame buffers, the checkpoint's
+# chunk buffer and JSON, the Trainer object, output and loss arrays
+SERVER_BYTES = 2048
+
+
+class Sizer:
+    """How many bytes to put in one frame: halves when a frame had to be resent (a noisy
+    link loses fewer bytes in short frames), grows back after clean exchanges."""
+
+    def __init__(self, limit, floor=48):
+        self.limit = limit
+        self.floor = floor
+        self.size = limit
+
+    def update(self, resent):
+        if resent:
+            self.size = max(self.floor, self.size // 2)
+        else:
+            self.size = min(self.limit, self.size + max(self.size // 4, 16))
+
+
+class Board:
+    def __init__(self, port, baud=115200, retries=30, stats=None):
+        self.port = port
+        self.baud = baud
+        self.transport = self._open()
+        self.link = Link(self.transport.serial, byte_time=10.0 / baud, retries=retries, stats=stats)
+        self.facts = None
+        self._plan = None
+        self.sizer = Sizer(P.MAX_PAYLOAD)
+        self.sample_time = 0.05         # seconds per trained sample, learned from the answers
+
+    # ---- session ----
+    def __enter__(self):
+        self.connect()
+        return self
+
+    def __exit__(self, *exc):
+        self.close(quit=exc[0] is None)
+
+    def _open(self, wait=0.0):
+        from mpremote.transport import TransportError
+        from mpremote.transport_serial import SerialTransport
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                # a timeout, so that mpremote's reads from a pty cannot block for ever
+                return SerialTransport(self.port, baudrate=self.baud, timeout=5)
+            except TransportError as e:
+                if time.monotonic() >= deadline:
+                    raise NoDevice("no device at %s (%s)" % (self.port, describe_ports())) from e
+                time.sleep(0.5)
+
+    def reconnect(self, wait=20.0):
+        """After a reset or a lost link: open the port again (a USB board that was reset
+        comes back as a new device) and reach the server again."""
+        try:
+            self.transport.close()
+        except Exception:
+            pass
+        self.transport = self._open(wait)
+        self.link.port = self.transport.serial
+        return self.connect()
+
+    @property
+    def stats(self):
+        return self.link.stats
+
+    def _probe(self):
+        """A HELLO frame free of REPL control bytes, and its seq."""
+        base = self.link.seq + 1
+        for k in range(1 << 16):
+            seq = (base + k) & 0xFFFF
+            frame = P.encode(P.HELLO, seq, json.dumps({"version": P.VERSION, "nonce": k}).encode())
+            if not REPL_CONTROL.intersection(frame):
+                self.link.seq = seq
+                return frame, seq
+        raise AssertionError("no REPL-safe HELLO frame")    # pragma: no cover
+
+    def _hello(self, tries, wait):
+        frame, seq = self._probe()
+        try:
+            return json.loads(self.link.exchange(P.HELLO, seq, None, timeout=wait, retries=tries, frame=frame))
+        except LinkError:       # no server (BoardReset: a REPL answered instead)
+            return None
+
+    def connect(self):
+        """Reach the board's server, starting it through the raw REPL if it is not running.
+        Returns the board's facts (HELLO)."""
+        from mpremote.transport import TransportError
+        self.link.rx.clear()
+        self.transport.serial.reset_input_buffer()
+        facts = self._hello(tries=2, wait=0.4)
+        err = None
+        for attempt in range(5):    # the REPL has no checksums: on a noisy line, try again
+            if facts is not None:
+                break
+            try:
+                self._start_server()
+            except (TransportError, LinkError, SyntaxError, ValueError) as e:
+                err = e
+                continue
+            facts = self._hello(tries=8, wait=1.0)
+        if facts is None:
+            raise LinkError("the board on %s does not answer microtrain's server (%s)"
+                            % (self.port, str(err).strip()[-200:] if err else "no answer after starting it"))
+        if facts["protocol"] != P.VERSION:
+            raise FirmwareError("the board speaks microtrain protocol %d, this host %d: install the same "
+                                "microtrain version on both" % (facts["protocol"], P.VERSION))
+        self.facts = facts
+        return facts
+
+    def _exec(self, code):
+        from mpremote.transport import TransportError
+        try:
+            return self.transport.exec(code)
+        except TransportError as e:
+            raise LinkError("the board's REPL failed running microtrain's set-up on %s: %s"
+                            % (self.port, str(e).strip()[-200:])) from e
+
+    def _start_server(self):
+        from mpremote.transport import TransportError
+        t = self.transport
+        for attempt in range(3):
+            # Ctrl-C ends whatever ran (or clears the junk our probe left on the REPL's
+            # line); then let the board settle: the unix port drops input that arrives
+            # while it switches its terminal mode
+            t.serial.write(b"\r\x03")
+            time.sleep(0.2)
+            t.serial.reset_input_buffer()
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):     # mpremote prints what it read on failure
+                    t.enter_raw_repl(soft_reset=False, timeout_overall=3 + 3 * attempt)
+                break
+            except TransportError as e:
+                if attempt == 2:
+                    raise NoDevice("no MicroPython REPL answers on %s (%s)" % (self.port, describe_ports())) from e
+        state = ast.literal_eval(self._exec(CHECK).decode().strip())
+        if not state["module"]:
+            raise FirmwareError("the firmware on %s has no microtrain module: flash firmware built with it "
+                                "(firmware/README.md) or copy _microtrain.mpy and the microtrain package "
+                                "with mpremote" % self.port)
+        if not state["fs"] and state["platform"] == "qemu":
+            self._exec(MOUNT_RAMDISK)
+        t.exec_raw_no_follow(START)
+        self.link.rx.clear()
+
+    def close(self, quit=True):
+        """Stop the server (back to the friendly REPL) and close the port."""
+        try:
+            if quit:
+                self.link.request(P.QUIT, timeout=2)
+                # the raw REPL ends the run with \x04 (output) \x04 (errors) and its prompt
+                deadline = time.monotonic() + 2
+                while b"\x04\x04>" not in self.link.rx and self.link._fill(deadline):
+                    pass
+                self.transport.exit_raw_repl()
+        except Exception:           # the board is gone: nothing to tidy up
+            pass
+        finally:
+            self.transport.close()
+
+    # ---- commands ----
+    def info(self):
+        return self.link.request_json(P.INFO)
+
+    def plan(self):
+        """The board's plan (a microtrain Plan), read back from it once and kept."""
+        from ..plan import Plan
+        facts = self.facts or self.connect()
+        if facts["plan"] is None:
+            raise DataError("no plan on the board on %s%s: run `microtrain deploy PLAN.mtp` first"
+                            % (self.port, " (%s)" % facts["plan_error"] if facts.get("plan_error") else ""))
+        if self._plan is None or zlib.crc32(self._plan.data) != facts["plan"]["crc"]:
+            data = bytearray()
+            while len(data) < facts["plan"]["bytes"]:
+                left = facts["plan"]["bytes"] - len(data)
+                data += self._sized(P.PLAN_READ, lambda size: (struct.pack(P.PLAN_READ_HEAD, len(data),
+                                                                           min(size, left)), 0))[0]
+            if zlib.crc32(data) != facts["plan"]["crc"]:
+                raise LinkError("the plan read back from the board does not match its CRC")
+            self._plan = Plan(bytes(data))
+        return self._plan
+
+    def _sized(self, kind, build, timeout=5.0, ack=False):
+        """A command whose frame may be cut to any size (every such command is idempotent):
+        build(size) gives (payload, n) for a frame of about size bytes. A frame that has
+        to be resent makes the next ones smaller, and one that keeps failing is cut
+        smaller at once (a noisy line loses fewer bytes in short frames).
+        Returns (answer, n)."""
+        while True:
+            payload, n = build(self.sizer.size)
+            before = self.link.stats.resent
+            at_floor = self.sizer.size <= self.sizer.floor
+            try:
+                reply = self.link.request(kind, payload, timeout=timeout(n) if callable(timeout) else timeout,
+                                          ack=ack, retries=None if at_floor else 4)
+            except BoardReset:
+                raise
+            except LinkError:
+                if at_floor:
+                    raise
+                self.sizer.update(True)
+                continue
+            self.sizer.update(self.link.stats.resent != before)
+            return reply, n
+
+    def deploy(self, plan, progress=None):
+        """Put a plan on the board (a file in mt/), after checking that the board reads its
+        format and has the RAM; returns the board's info afterwards."""
+        facts = self.facts or self.connect()
+        data = plan.data
+        if facts["format_version"] != plan.header["version"]:
+            raise FirmwareError("the firmware on %s reads plan format %d, this plan is format %d: %s"
+                                % (self.port, facts["format_version"], plan.header["version"],
+                                   "recompile the model with the microtrain that built the firmware"
+                                   if facts["format_version"] < plan.header["version"] else
+                                   "update the board's firmware"))
+        self.link.request_json(P.PLAN_BEGIN, {"bytes": len(data), "crc": zlib.crc32(data)})
+        free = self.link.request_json(P.HELLO, {"version": P.VERSION})["mem_free"]
+        r = plan.report()
+        need = r["ram_bytes"] + len(data) + r["param_bytes"] + 64 + SERVER_BYTES
+        if need > free:
+            raise PlanTooBig("the plan needs %d bytes of RAM on the board (trainer %d, plan %d, checkpoint "
+                             "buffer %d, server %d) and the board has %d free: %d bytes short; train fewer "
+                             "layers (--update) or use a board with more RAM"
+                             % (need, r["ram_bytes"], len(data), r["param_bytes"] + 64, SERVER_BYTES, free,
+                                need - free))
+        off = 0
+        while off < len(data):
+            reply, _ = self._sized(P.PLAN_DATA, lambda size: (struct.pack(P.PLAN_DATA_HEAD, off)
+                                                              + data[off:off + max(1, size - 4)], 0))
+            off = struct.unpack("<I", reply)[0]
+            if progress:
+                progress(off, len(data))
+        info = self.link.request_json(P.PLAN_END, timeout=30, ack=True)
+        if info.get("plan_error"):
+            raise FirmwareError("the board could not load the plan: %s" % info["plan_error"])
+        self.facts = self.link.request_json(P.HELLO, {"version": P.VERSION})
+        self._plan = plan
+        return info
+
+    # -- data --
+    def check_data(self, x, y=None):
+        """x (and y) as the board takes them: float32 rows of input_len, int32 labels or
+        float32 rows of target_len. DataError when they do not fit the plan."""
+        p = self.plan()
+        shape = tuple(p.meta["input"]["shape"][1:])
+        n_in = int(np.prod(shape))
+        x = np.asarray(x)
+        if x.ndim == 0 or x.dtype.kind not in "fiu":
+            raise DataError("x must be numeric samples, got %s of %s" % (x.dtype, x.shape))
+        if x[0].size != n_in:
+            raise DataError("each sample in x has shape %s (%d values); the plan's input is %s (%d values)"
+                            % (x.shape[1:], x[0].size, shape, n_in))
+        x = np.ascontiguousarray(x, dtype="<f4").reshape(len(x), n_in)
+        if y is None:
+            return x, None
+        y = np.asarray(y)
+        if len(y) != len(x):
+            raise DataError("x has %d samples but y has %d" % (len(x), len(y)))
+        if p.loss == "cross-entropy":
+            n_cls = int(np.prod(p.meta["output"]["shape"][1:]))
+            if y.dtype.kind not in "iu" or y.size != len(y):
+                raise DataError("y must hold one integer class label per sample for a cross-entropy plan, "
+                                "got %s of shape %s" % (y.dtype, y.shape))
+            if len(y) and (y.min() < 0 or y.max() >= n_cls):
+                raise DataError("labels in y run from %d to %d; the plan has %d classes (0 to %d)"
+                                % (y.min(), y.max(), n_cls, n_cls - 1))
+            return x, np.ascontiguousarray(y, dtype="<i4").reshape(len(y), 1)
+        n_t = self.facts["plan"]["target_len"]
+        if y[0].size != n_t:
+            raise DataError("each target in y has %d values; the plan's output has %d" % (y[0].size, n_t))
+        return x, np.ascontiguousarray(y, dtype="<f4").reshape(len(y), n_t)
+
+    @staticmethod
+    def rows(size, x, y=None, head=8):
+        """How many samples fit in a frame of size bytes (at least one)."""
+        per = x.shape[1] * 4 + (0 if y is None else y.shape[1] * 4)
+        return max(1, min(0xFFFF, len(x), (size - head) // per))
+
+    # -- training --
+    def start_run(self, run, resume=False):
+        """Begin run `run` (fresh: the plan's initial parameters) or resume it (the board's
+        live state or its checkpoint). Returns the samples of the run the board has."""
+        return self.link.request_json(P.RUN, {"run": run, "resume": bool(resume)}, timeout=30, ack=True)["samples"]
+
+    def train_chunk(self, start, x, y, accuracy=True, dry=False):
+        """Train on samples start, start+1, ... of the run: the first rows of x, y, as many as
+        fit in a frame. Returns (samples the board has trained in the run, trained now,
+        correct, loss sum, heap free); the board's count says where to go on from."""
+        flags = (P.TRAIN_ACCURACY if accuracy else 0) | (P.TRAIN_DRY if dry else 0)
+
+        def build(size):
+            n = self.rows(size, x, y)
+            return struct.pack(P.TRAIN_HEAD, start, n, flags) + x[:n].tobytes() + y[:n].tobytes(), n
+        t0 = time.monotonic()
+        reply, n = self._sized(P.TRAIN, build, timeout=lambda n: 2.0 + 5 * self.sample_time * n, ack=True)
+        r = struct.unpack(P.TRAIN_REPLY, reply)
+        if r[1]:
+            wire = self.link.send_time(n * (x.shape[1] + y.shape[1]) * 4)
+            self.sample_time = max(1e-4, (time.monotonic() - t0 - wire) / r[1])
+        return r
+
+    def save(self, pause_at=None):
+        """Checkpoint now. pause_at (fault tests): the board stops that many bytes into the
+        save and waits to be reset."""
+        req = {} if pause_at is None else {"pause_at": pause_at}
+        return self.link.request_json(P.SAVE, req, timeout=60, ack=True)
+
+    def restore(self):
+        return self.link.request_json(P.RESTORE, timeout=30, ack=True)
+
+    # -- inference --
+    def evaluate(self, x, y):
+        """Accuracy (cross-entropy) or mean squared error (mse), as Simulator.evaluate."""
+        x, y = self.check_data(x, y)
+        correct, sse, i = 0, 0.0, 0
+        while i < len(x):
+            def build(size):
+                n = self.rows(size, x[i:], y[i:], head=4)
+                return struct.pack(P.PREDICT_HEAD, n, 0) + x[i:i + n].tobytes() + y[i:i + n].tobytes(), n
+            reply, _ = self._sized(P.EVALUATE, build, timeout=lambda n: 5 + n, ack=True)
+            count, c, s = struct.unpack(P.EVAL_REPLY, reply)
+            correct, sse, i = correct + c, sse + s, i + count
+        if self.facts["plan"]["ce"]:
+            return correct / len(x)
+        return sse / (len(x) * self.facts["plan"]["output_len"])
+
+    def predict(self, x):
+        """Outputs for a batch x (N, ...) as float32 (N, output_len)."""
+        x, _ = self.check_data(x)
+        no = self.facts["plan"]["output_len"]
+        out, i = [], 0
+        while i < len(x):
+            def build(size):
+                n = max(1, min(self.rows(size, x[i:], head=4), size // (4 * no)))
+                return struct.pack(P.PREDICT_HEAD, n, 0) + x[i:i + n].tobytes(), n
+            reply, n = self._sized(P.PREDICT, build, timeout=lambda n: 5 + n, ack=True)
+            out.append(np.frombuffer(reply, "<f4").reshape(-1, no))
+            i += n
+        return np.concatenate(out) if out else np.zeros((0, no), np.float32)
+
+    def params(self):
+        """The trainable parameters now, by ONNX initializer name, in ONNX shapes."""
+        shapes = self.plan().meta.get("param_shapes", {})
+        out = {}
+        for k, (name, nbytes) in enumerate(self.link.request_json(P.PARAMS, timeout=10)):
+            data = bytearray()
+            while len(data) < nbytes:
+                left = nbytes - len(data)
+                data += self._sized(P.PARAM_READ, lambda size: (struct.pack(P.PARAM_READ_HEAD, k, len(data),
+                                                                            min(size, left)), 0))[0]
+            a = np.frombuffer(bytes(data), "<f4").astype(np.float32)
+            out[name] = a.reshape(shapes[name]) if name in shapes else a
+        return out
+
+
+__all__ = ["Board", "BoardReset", "Sizer"]

@@ -1,0 +1,354 @@
+"""Boards without hardware, for the tests, the benchmark and `make serial-demo`: each
+gives a serial port path (a pseudo-terminal) that the host opens as it would a USB
+serial port, and ways to reset the board or cut its power.
+
+QemuBoard   the qemu MPS2_AN500 firmware, its UART on a pty (`-serial pty`). Its
+            filesystem (microtrain.ramdisk) lives in the board's 16 MB PSRAM at
+            0x60000000, which qemu maps from a file: a reset (the monitor's
+            system_reset) reloads the firmware but not that memory, and a power cut
+            (qemu killed) leaves the file as the memory was at that instant, as flash
+            would be. The firmware must be built with MICROPY_VFS_LFS2=1.
+UnixBoard   MicroPython's unix port on a pty of its own, in a directory that is its
+            filesystem; a reset is a power cut (the process killed and started again).
+Proxy       copies bytes between a board's port and a new pty, optionally corrupting
+            or dropping a fraction of them in each direction; the host opens
+            proxy.port. The port stays the same when the board behind it restarts.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import tty
+
+PSRAM_BYTES = 16 * 1024 * 1024
+
+
+_running = set()
+
+
+@atexit.register
+def _kill_all():
+    """No emulator outlives the process that started it (tests stopped half way)."""
+    for proc in list(_running):
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _open_raw(path):
+    fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    tty.setraw(fd)
+    return fd
+
+
+class _Emulated:
+    """What both emulated boards share: a process that a power cut kills."""
+
+    proc = None
+
+    def _kill(self):
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            _running.discard(self.proc)
+            self.proc = None
+
+    def power_on(self):
+        return self.start()
+
+    def stop(self):
+        self.power_cut()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class QemuBoard(_Emulated):
+    def __init__(self, firmware, flash=None, workdir=None, qemu="qemu-system-arm"):
+        if not os.path.exists(firmware):
+            raise FileNotFoundError("no firmware at %s: build it with `make firmware-qemu`" % firmware)
+        self.firmware = os.path.abspath(firmware)
+        self._own_dir = workdir is None
+        self.workdir = workdir or tempfile.mkdtemp(prefix="mt-qemu-")
+        self.flash = flash or os.path.join(self.workdir, "psram.img")
+        self.qemu = qemu
+        self.proc = None
+        self.port = None
+        self._mon = None
+
+    def start(self, timeout=20):
+        self.stop()
+        mon = os.path.join(self.workdir, "monitor.sock")
+        if os.path.exists(mon):
+            os.unlink(mon)
+        log_path = os.path.join(self.workdir, "qemu.log")
+        log = open(log_path, "wb")
+        cmd = [self.qemu, "-machine", "mps2-an500,memory-backend=psram",
+               "-object", "memory-backend-file,id=psram,size=%d,mem-path=%s,share=on" % (PSRAM_BYTES, self.flash),
+               "-display", "none", "-monitor", "unix:%s,server=on,wait=off" % mon, "-semihosting",
+               "-serial", "pty", "-kernel", self.firmware]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _running.add(self.proc)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(log_path, "rb") as f:
+                m = re.search(rb"(/dev/pts/\d+)", f.read())
+            if m and os.path.exists(mon):
+                self.port = m.group(1).decode()
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError("qemu exited: %s" % open(log_path, "rb").read().decode(errors="replace"))
+            time.sleep(0.05)
+        else:
+            self.stop()
+            raise RuntimeError("qemu did not start within %ds" % timeout)
+        self._mon = socket.socket(socket.AF_UNIX)
+        self._mon.connect(mon)
+        self._monitor_read()
+        return self.port
+
+    def _monitor_read(self, timeout=10):
+        data = b""
+        deadline = time.monotonic() + timeout
+        self._mon.settimeout(timeout)
+        while not data.endswith(b"(qemu) ") and time.monotonic() < deadline:
+            data += self._mon.recv(4096)
+        return data
+
+    def monitor(self, command):
+        """Run a qemu monitor command; returns its output."""
+        self._mon.sendall(command.encode() + b"\n")
+        return self._monitor_read()
+
+    def reset(self):
+        """Press the reset button: the firmware starts again; the PSRAM (files) stays."""
+        self.monitor("system_reset")
+
+    def power_cut(self):
+        """Pull the plug: qemu is killed at once; the PSRAM file keeps what was written."""
+        self._kill()
+        if self._mon is not None:
+            self._mon.close()
+            self._mon = None
+
+    def close(self):
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class UnixBoard(_Emulated):
+    """The unix port on a raw pty; the board's filesystem is `workdir`. MICROPYPATH
+    may put a development copy of the microtrain package before the frozen one."""
+
+    def __init__(self, firmware, workdir=None, micropypath=None, heapsize=None):
+        if not os.path.exists(firmware):
+            raise FileNotFoundError("no firmware at %s: build it with `make firmware-unix`" % firmware)
+        self.firmware = os.path.abspath(firmware)
+        self.workdir = workdir or tempfile.mkdtemp(prefix="mt-unix-")
+        self.micropypath = micropypath
+        self.heapsize = heapsize
+        self.proc = None
+        self.master = None
+        self._bridge = None
+
+    def start(self):
+        self.stop()
+        master, slave = os.openpty()
+        # MicroPython runs code in the terminal mode it found at start: raw, so
+        # that the binary protocol passes untouched (no CR/LF mapping, no signals)
+        tty.setraw(slave)
+        env = dict(os.environ)
+        if self.micropypath:
+            env["MICROPYPATH"] = self.micropypath
+        cmd = [self.firmware] + (["-X", "heapsize=%s" % self.heapsize] if self.heapsize else [])
+        self.proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, cwd=self.workdir,
+                                     env=env, start_new_session=True)
+        _running.add(self.proc)
+        os.close(slave)
+        self.master = master
+        if self._bridge is None:
+            self._bridge = Proxy(self)      # the host's port: stable across restarts
+            self._bridge.start()
+        else:
+            self._bridge.attach(self)
+        self.port = self._bridge.port
+        return self.port
+
+    def board_fd(self):
+        return self.master
+
+    def reset(self):
+        self.power_cut()
+        self.start()
+
+    def power_cut(self):
+        if self._bridge is not None:
+            self._bridge.attach(None)
+        self._kill()
+        if self.master is not None:
+            os.close(self.master)
+            self.master = None
+
+    def close(self):
+        self.stop()
+        if self._bridge is not None:
+            self._bridge.close()
+            self._bridge = None
+
+
+class Proxy:
+    """Bytes between a board (a port path, or an object with board_fd()) and a new pty
+    at self.port. rate: the fraction of bytes, in each direction, that are damaged;
+    a damaged byte is dropped (with probability drop) or has bits flipped."""
+
+    def __init__(self, board, rate=0.0, seed=0, drop=0.5):
+        self.rate = rate
+        self.drop = drop
+        self.rng = random.Random(seed)
+        self.master, slave = os.openpty()
+        tty.setraw(slave)
+        self.port = os.ttyname(slave)
+        self._slave = slave             # kept open: the pty lives while the host reconnects
+        self.damaged = {"to_board": 0, "to_host": 0}
+        self.passed = {"to_board": 0, "to_host": 0}
+        self._lock = threading.Lock()
+        self._board_fd = None
+        self._owns_fd = False
+        self._generation = 0
+        self._stop = False
+        self._wake_r, self._wake_w = os.pipe()
+        self.attach(board)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def attach(self, board):
+        """Connect to (another) board, e.g. after a power cycle gave it a new pty;
+        None: to nothing (the board is off)."""
+        with self._lock:
+            if self._board_fd is not None and self._owns_fd:
+                os.close(self._board_fd)
+            if board is None:
+                self._board_fd, self._owns_fd = None, False
+            elif isinstance(board, str):
+                self._board_fd, self._owns_fd = _open_raw(board), True
+            else:
+                self._board_fd, self._owns_fd = board.board_fd(), False
+            if self._board_fd is not None:
+                os.set_blocking(self._board_fd, False)
+            self._generation += 1       # the fd number may be the old one's, reused
+        os.write(self._wake_w, b"x")
+
+    def start(self):
+        self._thread.start()
+        return self.port
+
+    def _mangle(self, data, direction):
+        if not self.rate:
+            self.passed[direction] += len(data)
+            return data
+        out = bytearray()
+        for b in data:
+            if self.rng.random() < self.rate:
+                self.damaged[direction] += 1
+                if self.rng.random() < self.drop:
+                    continue                                    # dropped
+                b ^= self.rng.randrange(1, 256)                 # corrupted
+            out.append(b)
+        self.passed[direction] += len(data)
+        return bytes(out)
+
+    def _run(self):
+        # non-blocking both ways, with what is waiting to go out kept here: a board that
+        # stops reading (busy, paused, dead) must not stall the other direction
+        os.set_blocking(self.master, False)
+        pending = {"to_board": bytearray(), "to_host": bytearray()}
+        generation = None
+        while not self._stop:
+            with self._lock:
+                bfd = self._board_fd
+                if generation != self._generation:     # attached to another board (or to none)
+                    generation = self._generation
+                    pending["to_board"].clear()
+            rl = [self.master, self._wake_r] + ([bfd] if bfd is not None else [])
+            wl = ([self.master] if pending["to_host"] else []) + \
+                ([bfd] if bfd is not None and pending["to_board"] else [])
+            try:
+                ready, writable, _ = select.select(rl, wl, [], 0.5)
+            except (OSError, ValueError):
+                time.sleep(0.01)
+                continue
+            if self._wake_r in ready:
+                os.read(self._wake_r, 64)
+                continue
+            for fd in ready:
+                try:
+                    data = os.read(fd, 4096)
+                except BlockingIOError:
+                    continue
+                except OSError:         # the board went away (killed): wait for attach()
+                    with self._lock:
+                        if self._board_fd == fd:
+                            self._board_fd = None
+                    continue
+                direction = "to_board" if fd == self.master else "to_host"
+                pending[direction] += self._mangle(data, direction)
+            for fd in writable:
+                direction = "to_host" if fd == self.master else "to_board"
+                try:
+                    n = os.write(fd, pending[direction])
+                    del pending[direction][:n]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    pending[direction].clear()
+
+    def close(self):
+        self._stop = True
+        os.write(self._wake_w, b"x")
+        if self._thread.is_alive():
+            self._thread.join(2)
+        for fd in (self.master, self._slave, self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self._owns_fd and self._board_fd is not None:
+            try:
+                os.close(self._board_fd)
+            except OSError:
+                pass
+
+
+def main(argv=None):
+    """python -m microtrain.device.emulated qemu|unix FIRMWARE -- COMMAND...: run COMMAND
+    with an emulated board on a pseudo-terminal, its path in $PORT; the board stops after."""
+    import sys
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 4 or argv[0] not in ("qemu", "unix") or argv[2] != "--":
+        print("usage: python -m microtrain.device.emulated qemu|unix FIRMWARE -- COMMAND...", file=sys.stderr)
+        return 2
+    board = (QemuBoard if argv[0] == "qemu" else UnixBoard)(argv[1])
+    try:
+        board.start()
+        print("board: %s firmware %s on %s" % (argv[0], argv[1], board.port), flush=True)
+        return subprocess.call(argv[3:], env=dict(os.environ, PORT=board.port))
+    finally:
+        board.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

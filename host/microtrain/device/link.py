@@ -1,0 +1,193 @@
+"""The host's end of the serial protocol (protocol.py, shared with the board):
+commands out, answers back, resends on silence, NAK or a bad checksum."""
+from __future__ import annotations
+
+import json
+import random
+import struct
+import time
+
+from . import protocol as P
+from .errors import BoardError, BoardReset, LinkError
+
+# What the board prints when it (re)starts or sits at a REPL prompt: bytes outside
+# frames that mean the server is no longer there.
+REPL_SIGNS = (b"MicroPython v", b"raw REPL; CTRL-B", b"\n>>> ", b"Traceback (most recent call last)")
+POLL = 0.005            # seconds of one wait for bytes
+
+
+class Stats:
+    """Counts of one link's traffic; `resent` is what the fault tests report."""
+
+    def __init__(self):
+        self.sent = self.resent = self.received = 0
+        self.bad = self.naks = self.timeouts = 0
+        self.bytes_out = self.bytes_in = 0
+
+    def __repr__(self):
+        return ("frames sent %d (resent %d), received %d; bad frames %d, NAKs %d, timeouts %d; "
+                "bytes out %d, in %d" % (self.sent, self.resent, self.received, self.bad, self.naks,
+                                         self.timeouts, self.bytes_out, self.bytes_in))
+
+
+class Link:
+    """Commands over a byte stream `port` (a pyserial Serial, or anything with read(n),
+    write(b), a `timeout` attribute and `in_waiting`).
+
+    byte_time: seconds per byte on the wire (1e-4 is 115200 baud, 8N1), for the
+    wait before a resend, until the link has measured its own; retries: sends of one
+    command before giving up."""
+
+    def __init__(self, port, byte_time=1e-4, retries=30, stats=None):
+        self.port = port
+        self.byte_time = byte_time      # seconds per byte, as measured (the slowest recent)
+        self.retries = retries
+        self.stats = stats or Stats()
+        self.seq = random.randrange(1 << 16)
+        self.rx = bytearray()
+        self.noise = bytearray()   # recent bytes that were not part of a good frame
+
+    # ---- receiving ----
+    def _fill(self, deadline):
+        """Read what has arrived, waiting until deadline for at least a byte. False on timeout."""
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            return False
+        old = self.port.timeout     # mpremote, sharing the port, expects its own
+        # short waits: qemu's UART, on a busy host, delivers bytes several times faster
+        # to a reader that wakes every few ms than to one asleep in a long read
+        self.port.timeout = min(wait, POLL)
+        try:
+            data = self.port.read(max(1, self.port.in_waiting))
+        finally:
+            self.port.timeout = old
+        if data:
+            self.rx += data
+            self.stats.bytes_in += len(data)
+        return True
+
+    def _skip(self, n):
+        self.noise += self.rx[:n]
+        del self.rx[:n]
+        del self.noise[:-256]
+        if any(sign in self.noise for sign in REPL_SIGNS):
+            text = bytes(self.noise).decode("ascii", "replace")
+            self.noise.clear()
+            raise BoardReset("the board restarted or left the server (it printed %r)" % text[-60:])
+
+    def next_frame(self, deadline):
+        """The next intact frame (kind, flags, seq, payload), or None at deadline."""
+        while True:
+            i = self.rx.find(P.SYNC)
+            if i < 0:
+                self._skip(max(0, len(self.rx) - 1))
+            else:
+                self._skip(i)
+                if len(self.rx) >= P.HEADER_LEN:
+                    head = P.parse_header(self.rx)
+                    if head is None:
+                        self._skip(1)
+                        continue
+                    kind, flags, seq, n = head
+                    end = P.HEADER_LEN + n + P.CRC_LEN
+                    if len(self.rx) >= end:
+                        payload = bytes(self.rx[P.HEADER_LEN:P.HEADER_LEN + n])
+                        crc = int.from_bytes(self.rx[end - P.CRC_LEN:end], "little")
+                        if crc == P.frame_crc(self.rx, payload):
+                            del self.rx[:end]
+                            self.stats.received += 1
+                            return kind, flags, seq, payload
+                        self.stats.bad += 1
+                        self._skip(1)   # a false sync, or a damaged frame: look further on
+                        continue
+            if not self._fill(deadline):
+                return None
+
+    # ---- commands ----
+    def send_time(self, nbytes):
+        return nbytes * self.byte_time
+
+    def _measured(self, nbytes, seconds):
+        """An exchange of nbytes took seconds: keep byte_time near the slowest recent rate,
+        so a board that reads slowly (qemu's UART, a busy USB stack) gets time to answer."""
+        if nbytes >= 256:
+            seen = seconds / nbytes
+            self.byte_time = max(seen, 0.8 * self.byte_time + 0.2 * seen)
+
+    def request(self, kind, payload=b"", timeout=5.0, ack=False, retries=None):
+        """Send a command, return the payload of its answer. timeout: seconds the board
+        may take to answer once the command has arrived. ack: ask for an ACK first,
+        so a lost command is resent without waiting for the whole timeout."""
+        self.seq = (self.seq + 1) & 0xFFFF
+        return self.exchange(kind, self.seq, payload, timeout, ack, retries)
+
+    def exchange(self, kind, seq, payload, timeout=5.0, ack=False, retries=None, frame=None):
+        """Send a command until its answer arrives; see request(). frame: the exact frame
+        to send every time (else each resend asks for a shorter answer: a long answer
+        that keeps arriving damaged comes in shorter pieces, see FETCH)."""
+        retries = retries or self.retries
+        for attempt in range(retries):
+            if attempt:
+                self.stats.resent += 1
+            if frame is None:
+                limit_k = 0 if attempt < 2 else max(1, 7 - (attempt - 1))   # 4 KB, then 2 KB .. 64 B
+                f = P.encode(kind, seq, payload, (P.FLAG_ACK if ack else 0) | (limit_k << P.LIMIT_SHIFT))
+            else:
+                f = frame
+            # the frame out and the answer back at the measured rate, three times over
+            # (an emulator or a busy host stalls now and then), and half a second
+            wire = 3 * self.send_time(len(f) + P.OVERHEAD + 64) + 0.5
+            t0 = time.monotonic()
+            self.port.write(f)
+            self.stats.sent += 1
+            self.stats.bytes_out += len(f)
+            deadline = t0 + wire + (0 if ack else timeout)
+            acked = False
+            while True:
+                got = self.next_frame(deadline)
+                if got is None:
+                    self.stats.timeouts += 1
+                    break
+                k, flags, s, body = got
+                if k == P.NAK:
+                    self.stats.naks += 1
+                    break
+                if s != seq:
+                    continue            # a late answer to an earlier try
+                if k == P.ACK:
+                    if not acked:
+                        acked = True
+                        self._measured(len(f) + P.OVERHEAD, time.monotonic() - t0)
+                        deadline = time.monotonic() + timeout + wire
+                    continue
+                if flags & P.FLAG_MORE:
+                    body = self._fetch_rest(body)
+                if k == P.ERROR:
+                    err = json.loads(body.decode())
+                    raise BoardError(err.get("error", "Error"), err.get("message", ""))
+                if k == kind | P.REPLY:
+                    if not ack:
+                        self._measured(len(f) + len(body) + P.OVERHEAD, time.monotonic() - t0)
+                    return body
+        raise LinkError("no intact answer to %s after %d tries (%d frames failed their checksum, "
+                        "%d timeouts): check the cable and the port"
+                        % (P.NAMES.get(kind, hex(kind)), retries, self.stats.bad, self.stats.timeouts))
+
+    def _fetch_rest(self, first):
+        """The rest of an answer too long for one frame: FETCH pieces, shorter after failures."""
+        total = struct.unpack_from("<I", first, 0)[0]
+        data = bytearray(first[4:])
+        size = max(64, len(data))
+        while len(data) < total:
+            try:
+                data += self.request(P.FETCH, struct.pack(P.FETCH_HEAD, len(data), min(size, total - len(data))),
+                                     retries=None if size <= 64 else 4)
+            except LinkError:
+                if size <= 64:
+                    raise
+                size //= 2
+        return bytes(data)
+
+    def request_json(self, kind, obj=None, timeout=5.0, ack=False):
+        body = b"" if obj is None else json.dumps(obj).encode()
+        return json.loads(self.request(kind, body, timeout=timeout, ack=ack).decode())
