@@ -298,7 +298,14 @@ class Plan:
             "param_bytes": hd["state_bytes"],
             "context_bytes": self.context_bytes,
             "ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes,
+            # RAM the board gives a Trainer: arena + trainable state + decoded context
+            "peak_ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes,
+            # flash a plan takes when read in place (ROMFS, frozen bytes): all of it, constants included
+            "flash_bytes": len(self.data),
             "const_bytes": hd["const_bytes"],
+            "const_int8_bytes": sum(t["bytes"] for t in self.tensors if t["storage"] == "CONST" and t["dtype"] == "I8"),
+            "input_dtype": {v: k for k, v in (("float32", "F32"), ("int8", "I8"), ("uint8", "U8"))}
+                           [DTYPE_NAMES[hd["input_dtype"]]],
             "macs_per_step": macs,
             "ops": hd["n_ops"],
             "ops_by_phase": phases,
