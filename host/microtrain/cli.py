@@ -58,6 +58,16 @@ def _calibration(path):
     raise ValueError("--calibration %s holds %s; give the samples as array x (samples first)" % (path, d.files))
 
 
+def _romfs(args):
+    from .romfs import build_from_paths
+    _writable(args.output, "-o")
+    image = build_from_paths(args.files)
+    with open(args.output, "wb") as f:
+        f.write(image)
+    print("wrote %s: %d bytes, every file 8-byte aligned; put it on the board with: mpremote romfs deploy %s"
+          % (args.output, len(image), args.output))
+
+
 def _board_check(report, board):
     if not board:
         return []
@@ -289,6 +299,12 @@ def parser():
                    help="prefix: int8 up to the first trainable layer; frozen: every frozen layer int8, gradients "
                    "pass through them")
     c.set_defaults(func=_compile)
+    rf = sub.add_parser("romfs", help="a ROMFS image of plans for the board's flash (mpremote romfs deploy)",
+                        formatter_class=fmt, description="A ROMFS image holding plans (and any other files) with "
+                        "every file 8-byte aligned, so a Trainer reads its plan in place from flash.")
+    rf.add_argument("files", nargs="+", help="plan files, or directories of files")
+    rf.add_argument("-o", "--output", required=True, metavar="IMAGE.romfs", help="image file to write")
+    rf.set_defaults(func=_romfs)
     r = sub.add_parser("report", help="memory and compute report of a plan", formatter_class=fmt,
                        description="Memory and compute report of a plan.")
     r.add_argument("plan", help="plan file (.mtp) from microtrain compile")

@@ -171,6 +171,7 @@ class Core:
             context_bytes=i.context_bytes, const_bytes=i.const_bytes, macs_per_step=i.macs, ops=i.n_ops,
             tensors=i.n_tensors, ram_bytes=i.ram_bytes, plan_bytes=i.plan_bytes, batch=i.batch, lr=i.lr,
             steps=i.steps, updates=i.updates, rejected=i.rejected, format_version=i.format_version,
+            input_dtype=self.input_dtype,
             loss=LOSS_NAMES.get(i.loss_kind))
 
     # ---- parameters ----

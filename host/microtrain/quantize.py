@@ -410,7 +410,12 @@ def ptq(graph, trainable, samples, input_quant=None, scope="prefix"):
         if n.op in ("conv", "gemm"):
             w = graph.values[n.inputs[1]].data
             axis = 0 if n.op == "conv" or n.attrs["w_layout"] == 0 else 1
-            wquant[n.inputs[1]] = weight_quant(w, axis)
+            q = weight_quant(w, axis)
+            b = n.inputs[2] if len(n.inputs) > 2 else None
+            if b:   # a channel with tiny weights and a large bias: a coarser weight scale keeps the bias in int32
+                need = np.abs(graph.values[b].data.astype(np.float64)) / (float(act(n.inputs[0]).scale) * (BIAS_MAX // 2))
+                q = Quant(np.maximum(q.scale, need).astype(np.float32), q.zero_point, q.axis)
+            wquant[n.inputs[1]] = q
     if input_quant is not None and graph.input in quant:
         quant[graph.input] = Quant(*input_quant)
     graph.quant, graph.wquant, graph.quant_source = quant, wquant, "post-training quantization, min/max calibration"
