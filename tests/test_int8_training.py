@@ -24,9 +24,8 @@ TOL = 1e-4
 
 
 class Net(torch.nn.Module):
-    """conv-relu, depthwise conv-relu6 with a residual add, strided conv, 1x1 conv, 2x2 average
-    pooling, global average pooling, Linear: an MCU-style network without max pooling (its int8
-    form has no backward)."""
+    """conv-relu, depthwise conv-relu6 with a residual add, strided conv, 3x3 max pooling, 1x1 conv,
+    2x2 average pooling, global average pooling, Linear."""
 
     def __init__(self):
         super().__init__()
@@ -39,7 +38,8 @@ class Net(torch.nn.Module):
     def forward(self, x):
         a = TF.relu(self.c1(x))
         a = a + TF.relu6(self.dw(a))
-        h = TF.relu(self.pw(TF.relu(self.c2(a))))
+        h = TF.max_pool2d(TF.relu(self.c2(a)), 3, stride=1, padding=1)
+        h = TF.relu(self.pw(h))
         h = TF.adaptive_avg_pool2d(TF.avg_pool2d(h, 2), 1)
         return self.fc(torch.flatten(h, 1))
 
@@ -110,6 +110,10 @@ def torch_step(plan, params, x, label):
             y = fq(get(s["x"]), yq, -128, 127, ties_even=True)
         elif name == "DEQUANTIZE":
             y = get(s["x"])
+        elif name == "MAXPOOL_Q8":   # the output keeps the input's quantization: no rounding
+            assert a["pad_t"] == a["pad_b"] and a["pad_l"] == a["pad_r"]
+            y = TF.max_pool2d(get(s["x"]), (a["kernel_h"], a["kernel_w"]), (a["stride_h"], a["stride_w"]),
+                              (a["pad_t"], a["pad_l"]), (a["dil_h"], a["dil_w"]))
         elif name == "AVGPOOL_Q8":
             v = TF.avg_pool2d(get(s["x"]), (a["kernel_h"], a["kernel_w"]), (a["stride_h"], a["stride_w"]))
             y = fq(v, yq, -128, 127, ties_even=True)
@@ -144,7 +148,7 @@ def test_gradients_match_pytorch_on_the_fake_quantized_model(net, tmp_path, scop
     ops = [o["op"] for o in plan.ops]
     assert "CONV2D_Q8" in ops and "DEQUANTIZE" in ops
     if scope == "frozen":   # the gradient reaches c1 through int8 layers
-        assert {"CONV2D_BWD_INPUT_Q8", "CLIP_BWD_Q8", "CONV2D"} <= set(ops), ops
+        assert {"CONV2D_BWD_INPUT_Q8", "CLIP_BWD_Q8", "MAXPOOL_BWD_Q8", "CONV2D"} <= set(ops), ops
     sim = microtrain.Simulator(plan)
     params = {k: torch.tensor(v.astype(np.float64).reshape(plan.tensors[plan.tensor_index(k)]["shape"]),
                               requires_grad=True) for k, v in sim.params().items()}

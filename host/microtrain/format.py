@@ -217,10 +217,12 @@ OPS = (
     OpSpec("GAP_Q8", 27, _s("x:I8 y:out:I8"), ("mult", "shift")),
     # backward through frozen int8 layers, in float: the gradient passes where the saved int8
     # output lies strictly inside (act_min, act_max) (ReLU, ReLU6, saturation), and the input
-    # gradient of a convolution or Gemm reads the int8 weight with its per-channel scales
+    # gradient of a convolution or Gemm reads the int8 weight with its per-channel scales; max
+    # pooling sends each output's gradient to its window's first maximum of the int8 input
     OpSpec("CLIP_BWD_Q8", 28, _s("y:I8 dy dx:out"), Q8_CLAMP, inplace=(("dx", "dy"),)),
     OpSpec("CONV2D_BWD_INPUT_Q8", 29, _s("dy w:I8 dx:out"), CONV_ATTRS),
     OpSpec("GEMM_BWD_INPUT_Q8", 30, _s("dy w:I8 dx:out"), ("w_layout",)),
+    OpSpec("MAXPOOL_BWD_Q8", 31, _s("x:I8 dy dx:out"), POOL_ATTRS),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them

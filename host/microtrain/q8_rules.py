@@ -118,11 +118,15 @@ def back_pool(b, n, dy, ins):
     b.contribute(x, dx)
 
 
-def back_unsupported(b, n, dy, ins):
-    raise NotImplementedError("a gradient through the int8 max pooling '%s' is not supported; keep the layers "
-                              "before it frozen, or compile with the int8 part before the first trainable layer "
-                              "only" % n.onnx_name)
+def back_maxpool(b, n, dy, ins):
+    """Each output's gradient to its window's first maximum (the output keeps the input's scale, so
+    it never saturates where the input did not)."""
+    x = n.inputs[0]
+    if x in b.needs:
+        dx = b.grad_tensor(x, ins[0])
+        b.op("MAXPOOL_BWD_Q8", "TRAIN", [ins[0], dy, dx], _pool_attrs(n.attrs), n.onnx_name)
+        b.contribute(x, dx)
 
 
 BACKWARD = {"dequantize": back_dequantize, "quantize": back_quantize, "qconv": back_layer, "qgemm": back_layer,
-            "qadd": back_qadd, "qavgpool": back_pool, "qgap": back_pool, "qmaxpool": back_unsupported}
+            "qadd": back_qadd, "qavgpool": back_pool, "qgap": back_pool, "qmaxpool": back_maxpool}

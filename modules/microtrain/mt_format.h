@@ -474,7 +474,24 @@
 #define MT_GEMM_BWD_INPUT_Q8_W 1
 #define MT_GEMM_BWD_INPUT_Q8_DX 2
 #define MT_GEMM_BWD_INPUT_Q8_A_W_LAYOUT 0
-#define MT_OP_MAX 30
+#define MT_OP_MAXPOOL_BWD_Q8 31
+#define MT_MAXPOOL_BWD_Q8_NSLOTS 3
+#define MT_MAXPOOL_BWD_Q8_NATTRS 11
+#define MT_MAXPOOL_BWD_Q8_X 0
+#define MT_MAXPOOL_BWD_Q8_DY 1
+#define MT_MAXPOOL_BWD_Q8_DX 2
+#define MT_MAXPOOL_BWD_Q8_A_KERNEL_H 0
+#define MT_MAXPOOL_BWD_Q8_A_KERNEL_W 1
+#define MT_MAXPOOL_BWD_Q8_A_STRIDE_H 2
+#define MT_MAXPOOL_BWD_Q8_A_STRIDE_W 3
+#define MT_MAXPOOL_BWD_Q8_A_PAD_T 4
+#define MT_MAXPOOL_BWD_Q8_A_PAD_L 5
+#define MT_MAXPOOL_BWD_Q8_A_PAD_B 6
+#define MT_MAXPOOL_BWD_Q8_A_PAD_R 7
+#define MT_MAXPOOL_BWD_Q8_A_DIL_H 8
+#define MT_MAXPOOL_BWD_Q8_A_DIL_W 9
+#define MT_MAXPOOL_BWD_Q8_A_COUNT_INCLUDE_PAD 10
+#define MT_OP_MAX 31
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -507,7 +524,8 @@
     X(GAP_Q8) \
     X(CLIP_BWD_Q8) \
     X(CONV2D_BWD_INPUT_Q8) \
-    X(GEMM_BWD_INPUT_Q8)
+    X(GEMM_BWD_INPUT_Q8) \
+    X(MAXPOOL_BWD_Q8)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -568,6 +586,7 @@
     {3, 2, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* CLIP_BWD_Q8 */ \
     {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_Q8 */ \
     {3, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GEMM_BWD_INPUT_Q8 */ \
+    {3, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MAXPOOL_BWD_Q8 */ \
 }
 
 /* error codes */

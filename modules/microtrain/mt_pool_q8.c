@@ -4,9 +4,11 @@
  *               of n inputs (counted as the float op counts them, count_include_pad): the
  *               mean's 1/n is in the multiplier, so the average is rounded once
  *   GAP_Q8      y = clamp(y_zp + requant(sum(q - x_zp), mult, shift)), 1/(H*W) likewise
+ *   MAXPOOL_BWD_Q8  the float gradient of max pooling, routed by the int8 input
  * Averages round ties to even (mt_q8_requant_even), as onnxruntime does.
  * The windows are the float pooling's (mt_pool_window), so padding is never read.
  */
+#include <string.h>
 #include "mt_q8.h"
 
 typedef struct {
@@ -99,6 +101,69 @@ static int pool_q8_run(mt_ctx_t *ctx, const void *rec) {
 
 const mt_opdef_t mt_op_MAXPOOL_Q8 = {maxpool_q8_check, pool_q8_prepare, pool_q8_run};
 const mt_opdef_t mt_op_AVGPOOL_Q8 = {avgpool_q8_check, pool_q8_prepare, pool_q8_run};
+
+/* ---- MAXPOOL_BWD_Q8: (x int8, dy) -> dx, each output's gradient to the first maximum
+ * of its window (rows, then columns: as PyTorch and MAXPOOL_BWD) ---- */
+
+typedef struct {
+    mt_rec_t h;
+    uint32_t x, dy, dx;
+    mt_pool_geom_t g;
+} maxpool_bwd_q8_rec_t;
+
+static int maxpool_bwd_q8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *x = &op->t[MT_MAXPOOL_BWD_Q8_X], *dx = &op->t[MT_MAXPOOL_BWD_Q8_DX];
+    (void)ctx;
+    return mt_pool_check_shapes(op->a, x, &op->t[MT_MAXPOOL_BWD_Q8_DY]) && dx->n == x->n ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t maxpool_bwd_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    maxpool_bwd_q8_rec_t *r = rec;
+    (void)ctx;
+    if (r != NULL) {
+        r->x = op->t[MT_MAXPOOL_BWD_Q8_X].ref;
+        r->dy = op->t[MT_MAXPOOL_BWD_Q8_DY].ref;
+        r->dx = op->t[MT_MAXPOOL_BWD_Q8_DX].ref;
+        mt_pool_prepare_geom(op, &op->t[MT_MAXPOOL_BWD_Q8_X], &op->t[MT_MAXPOOL_BWD_Q8_DY], &r->g);
+    }
+    return sizeof(maxpool_bwd_q8_rec_t);
+}
+
+static int maxpool_bwd_q8_run(mt_ctx_t *ctx, const void *rec) {
+    const maxpool_bwd_q8_rec_t *r = rec;
+    const mt_pool_geom_t *g = &r->g;
+    const int8_t *x = (const int8_t *)mt_ptr(ctx, r->x);
+    const float *dy = MT_F32(ctx, r->dy);
+    float *dx = MT_F32(ctx, r->dx);
+    const size_t plane = (size_t)g->H * g->W;
+    memset(dx, 0, (size_t)g->C * plane * sizeof(float));
+    for (uint32_t c = 0; c < g->C; c++) {
+        const int8_t *xc = x + c * plane;
+        for (int32_t oy = 0; oy < (int32_t)g->OH; oy++) {
+            for (int32_t ox = 0; ox < (int32_t)g->OW; ox++) {
+                mt_window_t w;
+                mt_pool_window(g, oy, ox, &w);
+                int32_t best = -1, m = 0;
+                for (int32_t ky = w.ky0; ky < w.ky1; ky++) {
+                    int32_t row = (w.by + ky * g->dh) * (int32_t)g->W + w.bx;
+                    for (int32_t kx = w.kx0; kx < w.kx1; kx++) {
+                        int32_t i = row + kx * g->dw;
+                        if (best < 0 || xc[i] > m) {
+                            best = i;
+                            m = xc[i];
+                        }
+                    }
+                }
+                if (best >= 0) {
+                    dx[c * plane + (size_t)best] += dy[c * (size_t)g->OH * g->OW + (size_t)oy * g->OW + (size_t)ox];
+                }
+            }
+        }
+    }
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_MAXPOOL_BWD_Q8 = {maxpool_bwd_q8_check, maxpool_bwd_q8_prepare, maxpool_bwd_q8_run};
 
 /* ---- GAP_Q8: (1,C,H,W) -> (1,C) ---- */
 
