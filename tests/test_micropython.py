@@ -357,6 +357,39 @@ def data_mutated_plans():
 
 
 DATA["mutated_plans"] = data_mutated_plans
+def data_int8():
+    """int8 plans of the digits CNN (examples/), quantized by the compiler: inference only with
+    uint8 input (int8 from input to output: bit-exact everywhere), with float input (QUANTIZE at the
+    start), last-layer training on uint8 input, and training through frozen int8 layers."""
+    from sklearn.datasets import load_digits
+    ex = os.path.join(ROOT, "examples")
+    model, d = os.path.join(ex, "digits_cnn.onnx"), np.load(os.path.join(ex, "digits_user.npz"))
+    calib = (load_digits().images[:200] / 16.0).astype(np.float32)[:, None]
+    q = dict(quantize="int8", calibration=calib)
+    pixels = dict(q, input_dtype="uint8", input_quant=(1 / 255, 0))
+    infer = microtrain.compile(model, update="none", **pixels)
+    infer_f = microtrain.compile(model, update="none", **q)
+    train = microtrain.compile(model, update="last-layer", lr=0.05, momentum=0.9, **pixels)
+    through = microtrain.compile(model, update=["onnx::Conv_41", "onnx::Conv_42", "fc.weight", "fc.bias"],
+                                 lr=0.02, momentum=0.9, batch=2, int8_scope="frozen", **q)
+    assert {"CONV2D_BWD_INPUT_Q8", "CLIP_BWD_Q8"} <= {o["op"] for o in through.ops}
+    n = 10
+    x = d["x"][:n]
+    sim = microtrain.Simulator(infer)
+    xq = sim.quantize_input(x)
+    pred = np.stack([sim.predict(v) for v in xq])
+    pred_f = np.stack([microtrain.Simulator(infer_f).predict(v) for v in x])
+    host_train, losses = train_on_host(train, xq, d["y"][:n])
+    host_through, losses_through = train_on_host(through, x, d["y"][:n])
+    assert_learns(losses)
+    return dict(PLAN_INFER=infer.data, PLAN_INFER_F=infer_f.data, PLAN_TRAIN=train.data, PLAN_THROUGH=through.data,
+                N=n, XQ=xq.tobytes(), X=f32(x), Y=[int(v) for v in d["y"][:n]], STEPS=STEPS,
+                HOST_PRED=f32(pred), HOST_PRED_F=f32(pred_f), HOST_LOSSES=f32(losses),
+                HOST_PARAMS=params_f32(host_train), HOST_LOSSES_THROUGH=f32(losses_through),
+                HOST_PARAMS_THROUGH=params_f32(host_through))
+
+
+DATA["int8"] = data_int8
 
 
 def header(name, values):

@@ -29,9 +29,14 @@ def _writable(path, option):
 def _compile(args):
     from .compiler import compile
     _writable(args.output, "-o")
+    calibration = _calibration(args.calibration) if args.calibration else None
+    if args.quantize and calibration is None:
+        raise ValueError("--quantize int8 needs --calibration CALIB.npz: typical inputs (array x, samples first) "
+                         "to set the int8 scales from")
     plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
                    weight_decay=args.weight_decay, batch=args.batch, planner=args.planner,
-                   clip_grad=args.clip_grad)
+                   clip_grad=args.clip_grad, quantize=args.quantize, calibration=calibration,
+                   input_dtype=args.input_dtype, int8_scope=args.int8_scope)
     fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
@@ -42,6 +47,26 @@ def _compile(args):
         print("note: " + note)
     for line in fit:
         print("board: " + line)
+
+
+def _calibration(path):
+    """The calibration samples of an .npz: its array x, or its only array."""
+    d = load_npz(path, "--calibration")
+    if "x" in d.files:
+        return d["x"]
+    if len(d.files) == 1:
+        return d[d.files[0]]
+    raise ValueError("--calibration %s holds %s; give the samples as array x (samples first)" % (path, d.files))
+
+
+def _romfs(args):
+    from .romfs import build_from_paths
+    _writable(args.output, "-o")
+    image = build_from_paths(args.files)
+    with open(args.output, "wb") as f:
+        f.write(image)
+    print("wrote %s: %d bytes, every file 8-byte aligned; put it on the board with: mpremote romfs deploy %s"
+          % (args.output, len(image), args.output))
 
 
 def _board_check(report, board):
@@ -68,8 +93,13 @@ def _kb(n):
 def print_report(r, out=sys.stdout, tensors=True):
     w = out.write
     w("plan            %s\n" % _kb(r["plan_bytes"]))
-    w("RAM needed      %s  = arena %s + parameters/optimizer %s\n"
-      % (_kb(r["ram_bytes"]), _kb(r["arena_bytes"]), _kb(r["param_bytes"])))
+    w("RAM (peak)      %s  = arena %s + parameters/optimizer %s + context %s\n"
+      % (_kb(r["peak_ram_bytes"]), _kb(r["arena_bytes"]), _kb(r["param_bytes"]), _kb(r["context_bytes"])))
+    w("flash           %s  = the plan read in place (constants %s%s), plus the module's code\n"
+      % (_kb(r["flash_bytes"]), _kb(r["const_bytes"]),
+         ", %s of them int8" % _kb(r["const_int8_bytes"]) if r["const_int8_bytes"] else ""))
+    if r["input_dtype"] != "float32":
+        w("input           %s\n" % r["input_dtype"])
     w("arena           %s planned, %s naive (all tensors alive), %s peak live\n"
       % (_kb(r["arena_bytes"]), _kb(r["naive_bytes"]), _kb(r["peak_live_bytes"])))
     w("constants       %s (frozen, may stay in flash)\n" % _kb(r["const_bytes"]))
@@ -244,8 +274,8 @@ def parser():
     c.add_argument("model", help="ONNX model file (torch.onnx.export, either exporter)")
     c.add_argument("-o", "--output", required=True, metavar="PLAN.mtp", help="plan file to write")
     c.add_argument("--update", default="last-layer",
-                   help="what trains: last-layer, bias (every bias), last:K (the last K layers), full, or a JSON "
-                   "file listing initializer names")
+                   help="what trains: last-layer, bias (every bias), last:K (the last K layers), full, none (an "
+                   "inference-only plan), or a JSON file listing initializer names")
     c.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"],
                    help="cross-entropy (softmax fused; integer labels) or mse (float targets shaped like the output)")
     c.add_argument("--lr", type=_number, default=0.01, help="learning rate of SGD")
@@ -261,7 +291,24 @@ def parser():
                    "every tensor its own (for debugging)")
     c.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards); "
                    "fail, writing nothing, if it does not")
+    c.add_argument("--quantize", choices=["int8"], default=None,
+                   help="quantize the frozen part to int8 after training (needs --calibration); a QDQ model "
+                   "(onnxruntime quantize_static) runs int8 without it. docs/quantization.md")
+    c.add_argument("--calibration", metavar="CALIB.npz", default=None,
+                   help="typical inputs (array x, samples first) from which --quantize sets the int8 scales")
+    c.add_argument("--input-dtype", default="float32", choices=["float32", "int8", "uint8"],
+                   help="what the board passes as input: float32, or int8/uint8 values of an int8 model's input "
+                   "quantization (4x less RAM for an image)")
+    c.add_argument("--int8-scope", default="prefix", choices=["prefix", "frozen"],
+                   help="prefix: int8 up to the first trainable layer; frozen: every frozen layer int8, gradients "
+                   "pass through them")
     c.set_defaults(func=_compile)
+    rf = sub.add_parser("romfs", help="a ROMFS image of plans for the board's flash (mpremote romfs deploy)",
+                        formatter_class=fmt, description="A ROMFS image holding plans (and any other files) with "
+                        "every file 8-byte aligned, so a Trainer reads its plan in place from flash.")
+    rf.add_argument("files", nargs="+", help="plan files, or directories of files")
+    rf.add_argument("-o", "--output", required=True, metavar="IMAGE.romfs", help="image file to write")
+    rf.set_defaults(func=_romfs)
     r = sub.add_parser("report", help="memory and compute report of a plan", formatter_class=fmt,
                        description="Memory and compute report of a plan.")
     r.add_argument("plan", help="plan file (.mtp) from microtrain compile")

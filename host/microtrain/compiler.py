@@ -40,12 +40,17 @@ def optimizer_state(tensors, ops):
     return out
 
 
+QUANTIZE = (None, "int8")
+INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
+
+
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
-            batch=1, planner="greedy", guard=0, clip_grad=None):
+            batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
+            input_dtype="float32", input_quant=None, int8_scope="prefix"):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
-    update: "last-layer", "bias", "last:K", "full", a JSON file or a list of
-    initializer names. loss: "cross-entropy" (softmax fused) or "mse".
+    update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
+    or a list of initializer names. loss: "cross-entropy" (softmax fused) or "mse".
     batch: samples per update (1 updates after every sample). planner:
     "greedy" shares arena memory between tensors whose lifetimes do not
     overlap and runs element-wise ops in place; "naive" gives every tensor its
@@ -54,11 +59,25 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     clip_grad: clip the gradient of each batch to this L2 norm over all trainable
     parameters before the update, as torch.nn.utils.clip_grad_norm_; a batch whose
     gradient is not finite is then rejected (info()["rejected"]), nothing updated.
+    quantize: "int8" quantizes the frozen part after training (per-channel int8 weights, per-tensor
+    int8 activations from the min/max over `calibration`, samples first); a QDQ model
+    (QuantizeLinear/DequantizeLinear, as onnxruntime writes it) runs int8 as it is, without it.
+    input_dtype: "float32", or "int8"/"uint8" for a quantized model that takes integer input (its
+    quantization: the input's, or input_quant=(scale, zero_point)). int8_scope: "prefix" runs int8
+    only what comes before the first trainable layer, "frozen" every frozen layer (gradients then
+    pass through int8 layers in float). docs/quantization.md.
     """
     if loss not in LOSSES:
         raise ValueError("unknown loss %r; use one of %s" % (loss, ", ".join(LOSSES)))
     if planner not in PLANNERS:
         raise ValueError("unknown planner %r; use one of %s" % (planner, ", ".join(PLANNERS)))
+    if quantize not in QUANTIZE:
+        raise ValueError("unknown quantize %r; use None or 'int8'" % (quantize,))
+    if input_dtype not in INPUT_DTYPES:
+        raise ValueError("unknown input_dtype %r; use one of %s" % (input_dtype, ", ".join(INPUT_DTYPES)))
+    if quantize and calibration is None:
+        raise ValueError("quantize='int8' needs calibration samples (a few hundred typical inputs, samples first: "
+                         "calibration=x, or --calibration calib.npz)")
     lr = _positive_float("lr", lr)
     momentum = _positive_float("momentum", momentum)
     weight_decay = _positive_float("weight_decay", weight_decay)
@@ -75,7 +94,34 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                          "output '%s' has shape %s. Add GlobalAveragePool + Flatten (or Flatten + a Linear head) "
                          "before the output, or use --loss mse to train towards a target of that shape"
                          % (graph.output, tuple(out_shape)))
-    trainable = resolve_update(graph, update)
+    trainable = set() if update == "none" else resolve_update(graph, update)
+    if loss == "mse" and graph.dropped_output_op:
+        raise ValueError("mse loss with a dropped %s output" % graph.dropped_output_op)
+    if quantize == "int8":
+        if graph.quant:
+            raise ValueError("the model is already quantized (QuantizeLinear/DequantizeLinear): compile it without "
+                             "quantize='int8'")
+        from .quantize import ptq
+        if input_quant is not None:   # the int8 form of the input's (scale, zero point)
+            input_quant = (float(input_quant[0]), int(input_quant[1]) - (128 if input_dtype == "uint8" else 0))
+        ptq(graph, trainable, calibration, input_quant, int8_scope)
+    elif input_quant is not None:
+        raise ValueError("input_quant is for quantize='int8'; a QDQ model states its input's quantization")
+    if graph.quant:
+        from .quantize import lower
+        graph = lower(graph, trainable, INPUT_DTYPES[input_dtype], int8_scope)
+    elif input_dtype != "float32":
+        raise ValueError("input_dtype %r needs an int8 model: quantize='int8' with calibration samples, or a QDQ "
+                         "model" % input_dtype)
+    return build_plan(graph, trainable, loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
+                      planner=planner, guard=guard, update=update, input_dtype=INPUT_DTYPES[input_dtype],
+                      clip_grad=clip_grad)
+
+
+def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="greedy", guard=0,
+               update="none", input_dtype="F32", clip_grad=None):
+    """The Plan of an IR graph (ir.Graph): the training step for `trainable` (a set of parameter
+    names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
     # every tensor can be read after a step (debugging, tests)
     tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive",
@@ -83,11 +129,11 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     out = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["OUTPUT"])
     inp = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["INPUT"])
     tgt = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["TARGET"])
-    if loss == "mse" and graph.dropped_output_op:
-        raise ValueError("mse loss with a dropped %s output" % graph.dropped_output_op)
-    arena, state, naive, peak, blobs, data_size = assign_memory(tensors, ops, (inp, tgt), planner, guard)
-    check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train
+    arena, state, naive, peak, blobs, data_size, quants = assign_memory(tensors, ops, (inp, tgt), planner, guard)
+    if trainable:
+        check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train
     values = graph.values
+    origins = {p: o for p, o in graph.origins.items() if p in values}
     meta = {
         "microtrain": __version__,
         "update": update if isinstance(update, str) else sorted(update),
@@ -97,7 +143,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         "notes": graph.notes,
         # for export and params(): where each layer parameter comes from in the ONNX model
         "model": graph.fingerprint,
-        "params": {p: dict(graph.origins[p], shape=list(values[p].onnx_shape)) for p in graph.origins},
+        "params": {p: dict(origins[p], shape=list(values[p].onnx_shape)) for p in origins},
         "layers": [dict(node=n.onnx_name, op=n.op, weight=n.weight(), bias=n.bias(),
                         weight_init=graph.origins[n.weight()]["init"], w_layout=n.attrs.get("w_layout"), **n.parts)
                    for n in graph.layers()],
@@ -108,7 +154,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         # tensors that share another's memory (views, ops run in place): index -> index of the owner
         "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},
     }
+    if input_dtype != "F32":
+        q = tensors[inp].quant
+        meta["input"].update(dtype={"I8": "int8", "U8": "uint8"}[input_dtype], scale=float(q.scale),
+                             zero_point=int(q.zero_point) + (128 if input_dtype == "U8" else 0))
     data = write_plan(tensors, ops, arena=arena, state=state, naive=naive, blobs=blobs, data_size=data_size,
                       io=(inp, tgt, out), loss=loss, batch=batch, lr=lr, momentum=momentum,
-                      weight_decay=weight_decay, macs=macs_total(ops), meta=meta)
+                      weight_decay=weight_decay, macs=macs_total(ops), meta=meta, quants=quants,
+                      input_dtype=input_dtype)
     return Plan(data)

@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = b"MTPL"
-VERSION = 1
+VERSION = 2         # 2: int8 tensors, quantization table, input dtype, int8 ops
 ALIGN = 8           # every section, constant, state and arena offset is a multiple of this
 NO_TENSOR = 0xFFFF  # an absent optional tensor slot
 NO_NAME = 0xFFFFFFFF
@@ -54,7 +54,11 @@ HEADER_FIELDS = [
     ("lr", "f"),
     ("momentum", "f"),
     ("weight_decay", "f"),
-    ("reserved2", "28s"),     # zero; room for later fields
+    ("quant_off", "I"),       # quantization table: n_quant records of QUANT_FIELDS (0 if none)
+    ("n_quant", "H"),
+    ("input_dtype", "B"),     # what the caller passes: DTYPE F32 (float input), I8, or U8 (flipped to I8)
+    ("reserved3", "B"),
+    ("reserved2", "20s"),     # zero; room for later fields
 ]
 HEADER_STRUCT = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
 HEADER_BYTES = HEADER_STRUCT.size
@@ -73,11 +77,27 @@ TENSOR_FIELDS = [
     ("dim3", "I"),            # unused dims are 1
     ("name", "I"),            # offset into the names section, or NO_NAME
     ("init", "I"),            # trainable parameter: offset of its initial value in data; else NO_NAME
-    ("quant", "H"),           # reserved for int8 quantisation parameters, 0xFFFF
+    ("quant", "H"),           # index into the quantization table, NO_QUANT for none
     ("reserved", "H"),
 ]
 TENSOR_STRUCT = struct.Struct("<" + "".join(code for _, code in TENSOR_FIELDS))
 TENSOR_BYTES = TENSOR_STRUCT.size
+
+# quantization parameters of an int8 (or int32 bias) tensor: real = scale * (q - zero_point),
+# per tensor, or per channel along `axis` with the scales (and zero points) in the data section
+NO_QUANT = 0xFFFF
+PER_TENSOR = 0xFF    # axis of a per-tensor record
+QUANT_FIELDS = [
+    ("scale", "f"),           # per tensor: the scale (finite, > 0); per channel: 0
+    ("zero_point", "i"),      # per tensor: the zero point, in the dtype's range (0 for I32); per channel: 0
+    ("axis", "B"),            # PER_TENSOR, or the channel axis (< ndim)
+    ("reserved", "3s"),       # zero
+    ("n_channels", "I"),      # per channel: dim[axis]; per tensor: 1
+    ("scales", "I"),          # per channel: data offset of n_channels f32 scales (finite, > 0); else NO_NAME
+    ("zero_points", "I"),     # per channel: data offset of n_channels i32 zero points, NO_NAME for all 0
+]
+QUANT_STRUCT = struct.Struct("<" + "".join(code for _, code in QUANT_FIELDS))
+QUANT_BYTES = QUANT_STRUCT.size
 
 # op record: u8 code, u8 phase, u8 n_tensors, u8 n_attrs, u16 tensor[n_tensors],
 # padding to 4 bytes, i32 attr[n_attrs]
@@ -156,6 +176,7 @@ POOL_ATTRS = ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_t", "pad_l",
 # the range of weight elements a gradient op trains: output channels [o_begin, o_begin+o_count)
 # and input channels (within a group) [i_begin, i_begin+i_count)
 RANGE_ATTRS = ("o_begin", "o_count", "i_begin", "i_count")
+Q8_CLAMP = ("act_min", "act_max")     # int8 output clamp, -128 <= act_min <= act_max <= 127
 SINK = "w:param m:state? acc:state?"   # optimizer sink shared by all parameter-gradient ops
 
 OPS = (
@@ -178,6 +199,30 @@ OPS = (
     OpSpec("SOFTMAX_CE", 17, _s("logits label:I32 dlogits:out"), ()),
     OpSpec("MSE", 18, _s("out target dout:out"), ()),
     OpSpec("SGD", 19, _s("w:param m:state? acc:state"), ()),
+    # ---- int8 (docs/quantization.md). Activations are int8 with a per-tensor scale and zero
+    # point (their tensors' quantization records); weights int8, symmetric, per output channel;
+    # biases int32 at scale x_scale * w_scale. Requantization is integer-only: each output
+    # channel's real multiplier x_scale * w_scale / y_scale as a Q31 `mult` and a power-of-two
+    # `shift` (TFLite's rounding); act_min/act_max clamp the int8 output (ReLU, ReLU6 folded).
+    OpSpec("QUANTIZE", 20, _s("x y:out:I8"), ()),
+    OpSpec("DEQUANTIZE", 21, _s("x:I8 y:out"), ()),
+    OpSpec("CONV2D_Q8", 22, _s("x:I8 w:I8 b:I32? mult:I32 shift:I32 y:out:I8"), CONV_ATTRS + Q8_CLAMP),
+    OpSpec("GEMM_Q8", 23, _s("x:I8 w:I8 b:I32? mult:I32 shift:I32 y:out:I8"), ("w_layout",) + Q8_CLAMP),
+    OpSpec("ADD_Q8", 24, _s("a:I8 b:I8 y:out:I8"),
+           ("left_shift", "a_mult", "a_shift", "b_mult", "b_shift", "y_mult", "y_shift") + Q8_CLAMP,
+           inplace=(("y", "a"), ("y", "b"))),
+    OpSpec("MAXPOOL_Q8", 25, _s("x:I8 y:out:I8"), POOL_ATTRS),
+    # mult/shift of AVGPOOL_Q8: one per window size n = 1 .. kernel_h*kernel_w (x_scale / (y_scale * n))
+    OpSpec("AVGPOOL_Q8", 26, _s("x:I8 mult:I32 shift:I32 y:out:I8"), POOL_ATTRS),
+    OpSpec("GAP_Q8", 27, _s("x:I8 y:out:I8"), ("mult", "shift")),
+    # backward through frozen int8 layers, in float: the gradient passes where the saved int8
+    # output lies strictly inside (act_min, act_max) (ReLU, ReLU6, saturation), and the input
+    # gradient of a convolution or Gemm reads the int8 weight with its per-channel scales; max
+    # pooling sends each output's gradient to its window's first maximum of the int8 input
+    OpSpec("CLIP_BWD_Q8", 28, _s("y:I8 dy dx:out"), Q8_CLAMP, inplace=(("dx", "dy"),)),
+    OpSpec("CONV2D_BWD_INPUT_Q8", 29, _s("dy w:I8 dx:out"), CONV_ATTRS),
+    OpSpec("GEMM_BWD_INPUT_Q8", 30, _s("dy w:I8 dx:out"), ("w_layout",)),
+    OpSpec("MAXPOOL_BWD_Q8", 31, _s("x:I8 dy dx:out"), POOL_ATTRS),
     # gradient-norm clipping (compile(clip_grad=...)): every gradient goes to an accumulator;
     # at the end of the batch GRAD_NORM2 sums the squares of all of them into n2 (first=1
     # starts the sum), then GRAD_CLIP scales each by min(1, max_norm / (|mean gradient| + 1e-6))
@@ -280,6 +325,19 @@ def unpack_tensor(buf, pos):
     return dict(zip((name for name, _ in TENSOR_FIELDS), TENSOR_STRUCT.unpack_from(buf, pos)))
 
 
+def pack_quant(**fields):
+    """A quantization record from its QUANT_FIELDS, by name."""
+    return QUANT_STRUCT.pack(*[fields[name] for name, _ in QUANT_FIELDS])
+
+
+def unpack_quant(buf, pos):
+    return dict(zip((name for name, _ in QUANT_FIELDS), QUANT_STRUCT.unpack_from(buf, pos)))
+
+
+def quant_offsets():
+    return _offsets(QUANT_FIELDS)
+
+
 def pack_op(code, phase, slots, attrs):
     """An op record; slots are tensor indices, None for an absent optional slot."""
     slots = [NO_TENSOR if s is None else s for s in slots]
@@ -319,6 +377,10 @@ def c_header():
     L += ["", "/* tensor record field byte offsets */", "#define MT_TENSOR_BYTES %d" % TENSOR_BYTES]
     for name, off in tensor_offsets().items():
         L.append("#define MT_T_%s %d" % (name.upper(), off))
+    L += ["", "/* quantization record field byte offsets */", "#define MT_QUANT_BYTES %d" % QUANT_BYTES,
+          "#define MT_NO_QUANT 0x%X" % NO_QUANT, "#define MT_PER_TENSOR 0x%X" % PER_TENSOR]
+    for name, off in quant_offsets().items():
+        L.append("#define MT_Q_%s %d" % (name.upper(), off))
     L += ["", "/* training-state blob: header field byte offsets; the state region and a CRC-32 follow */",
           '#define MT_STATE_MAGIC "%s"' % STATE_MAGIC.decode(),
           "#define MT_STATE_VERSION %d" % STATE_VERSION,
@@ -401,6 +463,11 @@ def markdown_tables():
     L += ["", "### Tensor record (%d bytes)" % TENSOR_BYTES, "", "| offset | field | type |", "|---|---|---|"]
     for name, off in tensor_offsets().items():
         L.append("| %d | `%s` | %s |" % (off, name, ctypes[dict(TENSOR_FIELDS)[name]]))
+    L += ["", "### Quantization record (%d bytes)" % QUANT_BYTES, "", "| offset | field | type |", "|---|---|---|"]
+    ctypes2 = dict(ctypes, i="i32")
+    for name, off in quant_offsets().items():
+        code = dict(QUANT_FIELDS)[name]
+        L.append("| %d | `%s` | %s |" % (off, name, ctypes2.get(code, "%s bytes" % code.rstrip("s"))))
     L += ["", "### Training-state blob (%d-byte header, then the state region, then a u32 CRC-32 of all before it)"
           % STATE_HEADER_BYTES, "", "| offset | field | type |", "|---|---|---|"]
     for name, off in state_offsets().items():

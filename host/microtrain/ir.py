@@ -12,6 +12,34 @@ from dataclasses import dataclass, field
 import numpy as np
 
 LAYER_OPS = ("conv", "gemm")   # ops that own a weight and an optional bias
+NP_DTYPES = {"F32": np.float32, "I32": np.int32, "I8": np.int8, "U8": np.uint8}
+
+
+@dataclass
+class Quant:
+    """Quantization of an integer tensor: real = scale * (q - zero_point), per tensor
+    (axis None: scale and zero_point are scalars) or per channel along `axis`."""
+    scale: np.ndarray                # float32, () or (n,)
+    zero_point: np.ndarray           # int32, () or (n,)
+    axis: int | None = None
+
+    def __post_init__(self):
+        self.scale = np.asarray(self.scale, np.float32)
+        self.zero_point = np.asarray(self.zero_point, np.int32)
+        if self.axis is None:
+            self.scale, self.zero_point = self.scale.reshape(()), self.zero_point.reshape(())
+
+    def key(self):
+        return (self.axis, self.scale.tobytes(), self.zero_point.tobytes())
+
+    def dequantize(self, q, shape=None):
+        """Real values of the integer array q."""
+        q = np.asarray(q).astype(np.float64)
+        if self.axis is None:
+            return (q - float(self.zero_point)) * float(self.scale)
+        bshape = [1] * q.ndim
+        bshape[self.axis] = -1
+        return (q - self.zero_point.reshape(bshape)) * self.scale.astype(np.float64).reshape(bshape)
 
 
 @dataclass
@@ -19,8 +47,10 @@ class Value:
     name: str
     shape: tuple                   # internal shape
     onnx_shape: tuple = ()         # the ONNX shape (batch dim included for activations)
-    data: np.ndarray | None = None  # constants: float32, internal shape
+    data: np.ndarray | None = None  # constants: float32 (int8/int32 when quantized), internal shape
     view_of: str | None = None     # same memory as another value, other shape
+    dtype: str = "F32"             # format.DTYPES name: F32, or I8 (int8 activation or weight), I32 (bias)
+    quant: Quant | None = None     # for I8 and I32 values
 
     @property
     def is_const(self):
@@ -60,6 +90,10 @@ class Graph:
     # parameter -> {"init": the ONNX initializer it comes from, "folds": what changed its value}
     origins: dict = field(default_factory=dict)
     fingerprint: str = ""          # of the ONNX model as given (export.fingerprint)
+    # int8 (quantize.py): where the model rounds activations to int8, and its int8 weights
+    quant: dict = field(default_factory=dict)    # activation value -> Quant
+    wquant: dict = field(default_factory=dict)   # weight parameter -> Quant (symmetric)
+    quant_source: str = ""         # "post-training quantization ...", "QDQ model"
 
     def layers(self):
         """Nodes that own parameters, in execution order."""

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import format as F
 from . import planner
+from .ir import NP_DTYPES
 
 
 def _align(n, a=F.ALIGN):
@@ -42,8 +43,9 @@ def lifetimes(n_tensors, ops, input_ids=()):
 
 
 def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
-    """Offsets for arena (planned), state (packed) and constant tensors.
-    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs)."""
+    """Offsets for arena (planned), state (packed) and constant tensors, and the
+    quantization records (per-channel scales in the data section).
+    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs, data_bytes, quant_records)."""
     roots = _roots(tensors)
     first, last = lifetimes(len(tensors), [o.slots for o in ops], io)
     group = {}
@@ -69,10 +71,15 @@ def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
             state += _align(t.nbytes)
         if t.view_of is None and t.data is not None:
             t.data_offset = data
-            blobs.append((data, np.ascontiguousarray(t.data, np.float32).tobytes()))
+            blobs.append((data, np.ascontiguousarray(t.data, NP_DTYPES[t.dtype]).tobytes()))
             data += _align(t.nbytes)
     for i, t in enumerate(tensors):
         if t.view_of is not None:
             root = tensors[roots[i]]
             t.storage, t.offset = root.storage, root.offset
-    return arena, state, planner.naive_size(bufs, F.ALIGN), planner.peak_live_bytes(bufs, F.ALIGN), blobs, data
+    quants, data = quant_records(tensors, blobs, data)
+    return arena, state, planner.naive_size(bufs, F.ALIGN), planner.peak_live_bytes(bufs, F.ALIGN), blobs, data, quants
+
+
+
+

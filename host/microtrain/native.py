@@ -52,6 +52,8 @@ class Core:
         if err:
             raise PlanError("cannot attach RAM: " + error_text(self.ctx, err))
         self.names = [self.tensor_info(i)[0] for i in range(self.ctx.n_tensors)]
+        self.input_dtype = {F.dtype_code("F32"): "float32", F.dtype_code("I8"): "int8",
+                            F.dtype_code("U8"): "uint8"}[lib.mt_input_dtype(self.ctx)]
         self.param_names = [self.param_info(k)[0] for k in range(lib.mt_param_count(self.ctx))]
 
     def check(self, err):
@@ -95,28 +97,47 @@ class Core:
             raise ValueError("%s has %d elements; the plan needs %d" % (what, a.size, n))
         return a, ffi.cast("const float *", ffi.from_buffer(a))
 
+    def sample(self, x):
+        """x as the plan's input takes it: float32, or int8/uint8 values for an integer-input plan
+        (integers of any dtype within range; a float array is refused, not rounded)."""
+        n = lib.mt_input_len(self.ctx)
+        if self.input_dtype == "float32":
+            a, p = self.floats(x, n, "x")
+            return a, ffi.cast("const float *", p)
+        a = np.asarray(x)
+        lo, hi = (-128, 127) if self.input_dtype == "int8" else (0, 255)
+        if a.dtype.kind not in "iu":
+            raise TypeError("x must hold %s values (the plan takes integer input), got dtype %s"
+                            % (self.input_dtype, a.dtype))
+        if a.size != n:
+            raise ValueError("x has %d elements; the plan needs %d" % (a.size, n))
+        if a.size and (a.min() < lo or a.max() > hi):
+            raise ValueError("x holds values outside the %s range %d..%d" % (self.input_dtype, lo, hi))
+        a = np.ascontiguousarray(a, dtype=self.input_dtype).reshape(-1)
+        return a, ffi.cast("const void *", ffi.from_buffer(a))
+
     # ---- training ----
     def step_label(self, x, label):
-        a, p = self.floats(x, lib.mt_input_len(self.ctx), "x")
+        a, p = self.sample(x)
         loss = ffi.new("float *")
         self.check(lib.mt_step_label(self.ctx, p, a.size, int(label), loss))
         return float(loss[0])
 
     def step_target(self, x, target):
-        a, p = self.floats(x, lib.mt_input_len(self.ctx), "x")
+        a, p = self.sample(x)
         t, q = self.floats(target, lib.mt_target_len(self.ctx), "y")
         loss = ffi.new("float *")
         self.check(lib.mt_step_target(self.ctx, p, a.size, q, t.size, loss))
         return float(loss[0])
 
     def predict(self, x):
-        a, p = self.floats(x, lib.mt_input_len(self.ctx), "x")
+        a, p = self.sample(x)
         out = np.empty(lib.mt_output_len(self.ctx), np.float32)
         self.check(lib.mt_predict(self.ctx, p, a.size, ffi.cast("float *", ffi.from_buffer(out)), out.size))
         return out
 
     def set_input(self, x):
-        a, p = self.floats(x, lib.mt_input_len(self.ctx), "x")
+        a, p = self.sample(x)
         self.check(lib.mt_set_input(self.ctx, p, a.size))
 
     def run_op(self, i):
@@ -150,6 +171,7 @@ class Core:
             context_bytes=i.context_bytes, const_bytes=i.const_bytes, macs_per_step=i.macs, ops=i.n_ops,
             tensors=i.n_tensors, ram_bytes=i.ram_bytes, plan_bytes=i.plan_bytes, batch=i.batch, lr=i.lr,
             steps=i.steps, updates=i.updates, rejected=i.rejected, format_version=i.format_version,
+            input_dtype=self.input_dtype,
             loss=LOSS_NAMES.get(i.loss_kind))
 
     # ---- parameters ----

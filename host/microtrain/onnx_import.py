@@ -47,8 +47,6 @@ SUGGESTIONS = {
     "LSTM": "recurrent layers are not supported; a Conv1d over time often replaces them",
     "GRU": "recurrent layers are not supported; a Conv1d over time often replaces them",
     "RNN": "recurrent layers are not supported; a Conv1d over time often replaces them",
-    "QuantizeLinear": "export the float model; microtrain plans are float32",
-    "DequantizeLinear": "export the float model; microtrain plans are float32",
     "Sigmoid": "for a two-class output use two logits and cross-entropy, or --loss mse",
     "ConvTranspose": "not supported; upsample with Conv layers on the host side instead",
 }
@@ -733,8 +731,13 @@ def output_softmax(imp, node, ins):
 
 def import_onnx(model, loss="cross-entropy"):
     model, notes, fingerprint = load_model(model)
-    imp = Importer(model, loss)
+    qdq_import.check_supported_form(model)
+    imp = (qdq_import.QDQImporter if qdq_import.is_qdq(model) else Importer)(model, loss)
     graph = imp.run()
     graph.notes[:0] = notes
     graph.fingerprint = fingerprint
     return graph
+
+
+# quantized models (QuantizeLinear/DequantizeLinear): qdq_import.py registers their handlers
+from . import qdq_import  # noqa: E402  (it imports Importer from this module)

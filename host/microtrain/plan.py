@@ -16,6 +16,7 @@ import numpy as np
 from . import format as F
 from . import planner
 from .memory import lifetimes
+from .ir import NP_DTYPES
 from .native import Core, PlanError
 
 OP_NAMES = {op.code: op.name for op in F.OPS}
@@ -30,7 +31,7 @@ def _align(n, a=F.ALIGN):
 
 
 def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss, batch, lr, momentum,
-               weight_decay, macs, meta):
+               weight_decay, macs, meta, quants=(), input_dtype="F32"):
     """Serialize to bytes (format.py layout)."""
     names = bytearray()
     name_off = []
@@ -51,14 +52,16 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         init = t.data_offset if is_param else F.NO_NAME
         trec += F.pack_tensor(dtype=F.dtype_code(t.dtype), storage=F.STORAGES[t.storage], ndim=len(t.shape),
                               flags=flags, offset=offset, bytes=t.nbytes, dim0=dims[0], dim1=dims[1], dim2=dims[2],
-                              dim3=dims[3], name=name_off[i], init=init, quant=0xFFFF, reserved=0)
+                              dim3=dims[3], name=name_off[i], init=init,
+                              quant=getattr(t, "quant_index", F.NO_QUANT), reserved=0)
     orec = bytearray()
     for op in ops:
         orec += F.pack_op(op.spec.code, F.PHASES[op.phase], op.slots, op.attrs)
     meta_b = json.dumps(meta, separators=(",", ":")).encode()
     sections = {}
     pos = F.HEADER_BYTES
-    for key, blob in (("tensors", trec), ("ops", orec), ("names", names), ("meta", meta_b)):
+    qrec = b"".join(F.pack_quant(**q) for q in quants)
+    for key, blob in (("tensors", trec), ("ops", orec), ("quant", qrec), ("names", names), ("meta", meta_b)):
         pos = _align(pos)
         sections[key] = (pos, blob)
         pos += len(blob)
@@ -79,7 +82,8 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         macs_lo=macs & 0xFFFFFFFF, macs_hi=macs >> 32,
         input_tensor=io[0], target_tensor=io[1], output_tensor=io[2],
         loss=F.LOSSES["CROSS_ENTROPY" if loss == "cross-entropy" else "MSE"], reserved0=0, batch=batch,
-        reserved1=0, lr=lr, momentum=momentum, weight_decay=weight_decay, reserved2=b"\0" * 28)
+        reserved1=0, lr=lr, momentum=momentum, weight_decay=weight_decay, quant_off=sections["quant"][0],
+        n_quant=len(quants), input_dtype=F.dtype_code(input_dtype), reserved3=0, reserved2=b"\0" * 20)
     if len(tensors) > 0xFFFE or len(ops) > 0xFFFF:
         raise ValueError("model too large for plan format %d: %d tensors, %d ops" % (F.VERSION, len(tensors), len(ops)))
     out[:F.HEADER_BYTES] = F.HEADER_STRUCT.pack(*[fields[n] for n, _ in F.HEADER_FIELDS])
@@ -107,7 +111,7 @@ class Plan:
                 name=self.data[hd["names_off"] + r["name"]:end].decode(), dtype=DTYPE_NAMES[r["dtype"]],
                 storage=STORAGE_NAMES[r["storage"]], flags=r["flags"],
                 shape=tuple([r["dim0"], r["dim1"], r["dim2"], r["dim3"]][:r["ndim"]]),
-                offset=r["offset"], bytes=r["bytes"], init=r["init"]))
+                offset=r["offset"], bytes=r["bytes"], init=r["init"], quant=self._quant(r["quant"])))
         self.ops = []
         pos = hd["ops_off"]
         for _ in range(hd["n_ops"]):
@@ -149,8 +153,23 @@ class Plan:
         t = self.tensors[self.tensor_index(name)]
         if t["storage"] != "CONST":
             raise ValueError("%r is not a constant of the plan" % name)
-        return np.frombuffer(self.data, np.float32, t["bytes"] // 4, self.header["data_off"] + t["offset"]) \
+        dt = np.dtype(NP_DTYPES[t["dtype"]])
+        return np.frombuffer(self.data, dt, t["bytes"] // dt.itemsize, self.header["data_off"] + t["offset"]) \
             .reshape(t["shape"]).copy()
+
+    def _quant(self, index):
+        """The ir.Quant of quantization record `index`, or None."""
+        from .ir import Quant
+        if index == F.NO_QUANT:
+            return None
+        q = F.unpack_quant(self.data, self.header["quant_off"] + index * F.QUANT_BYTES)
+        if q["axis"] == F.PER_TENSOR:
+            return Quant(q["scale"], q["zero_point"])
+        d0, n = self.header["data_off"], q["n_channels"]
+        scales = np.frombuffer(self.data, "<f4", n, d0 + q["scales"])
+        zps = np.zeros(n, np.int32) if q["zero_points"] == F.NO_NAME else \
+            np.frombuffer(self.data, "<i4", n, d0 + q["zero_points"])
+        return Quant(scales.copy(), zps.copy(), q["axis"])
 
     def export(self, params, onnx_in, onnx_out=None):
         """Write the ONNX model the plan was compiled from (onnx_in: path, bytes or ModelProto) with
@@ -188,7 +207,14 @@ class Plan:
             "param_bytes": hd["state_bytes"],
             "context_bytes": self.context_bytes,
             "ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes,
+            # RAM the board gives a Trainer: arena + trainable state + decoded context
+            "peak_ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes,
+            # flash a plan takes when read in place (ROMFS, frozen bytes): all of it, constants included
+            "flash_bytes": len(self.data),
             "const_bytes": hd["const_bytes"],
+            "const_int8_bytes": sum(t["bytes"] for t in self.tensors if t["storage"] == "CONST" and t["dtype"] == "I8"),
+            "input_dtype": {v: k for k, v in (("float32", "F32"), ("int8", "I8"), ("uint8", "U8"))}
+                           [DTYPE_NAMES[hd["input_dtype"]]],
             "macs_per_step": macs,
             "ops": hd["n_ops"],
             "ops_by_phase": phases,

@@ -31,6 +31,7 @@ class Simulator:
         self.input_shape = tuple(plan.meta["input"]["shape"][1:])
         self.output_shape = tuple(plan.meta["output"]["shape"][1:])
         self.n_in = int(np.prod(self.input_shape))
+        self.input_dtype = self.core.input_dtype   # float32, or int8/uint8: the plan takes integers
         self.param_shapes = {k: tuple(v) for k, v in plan.meta.get("param_shapes", {}).items()}
 
     # ---- training ----
@@ -41,7 +42,7 @@ class Simulator:
         if x.size != self.n_in:
             raise ValueError("x has %d elements (shape %s); the model input takes %d (shape %s)"
                              % (x.size, x.shape, self.n_in, self.input_shape))
-        return x.astype(np.float32, copy=False)
+        return x if self.input_dtype != "float32" else x.astype(np.float32, copy=False)
 
     def step(self, x, y):
         """One training sample; returns the loss before the update."""
@@ -56,12 +57,22 @@ class Simulator:
     def predict(self, x):
         """Model outputs (logits: a dropped output softmax is not applied).
         x: one sample (input shape) or a batch (N, *input shape)."""
-        x = np.asarray(x, dtype=np.float32)
+        x = np.asarray(x) if self.input_dtype != "float32" else np.asarray(x, dtype=np.float32)
         if x.shape == self.input_shape:
             return self.core.predict(self._sample(x)).reshape(self.output_shape)
         if x.shape[1:] != self.input_shape:
             raise ValueError("x has shape %s; expected %s or (N,) + %s" % (x.shape, self.input_shape, self.input_shape))
         return np.stack([self.core.predict(s) for s in x]).reshape((len(x),) + self.output_shape)
+
+    def quantize_input(self, x):
+        """Float samples as an integer-input plan takes them: round(x / scale) + zero_point (ties to even,
+        as ONNX QuantizeLinear), saturated; the plan's input quantization is in its meta."""
+        inp = self.plan.meta["input"]
+        if self.input_dtype == "float32":
+            return np.asarray(x, np.float32)
+        lo, hi = (-128, 127) if self.input_dtype == "int8" else (0, 255)
+        q = np.rint(np.asarray(x, np.float32) / np.float32(inp["scale"])) + inp["zero_point"]
+        return np.clip(q, lo, hi).astype(self.input_dtype)
 
     def reset(self):
         """Parameters back to the plan's initial values, optimizer state cleared."""
@@ -152,7 +163,13 @@ class Simulator:
         if x[0].size != self.n_in:
             raise ValueError("%s has shape %s: samples of %d values, but the model input takes %d (shape %s)"
                              % (xn, x.shape, x[0].size, self.n_in, self.input_shape))
-        x = x.astype(np.float32).reshape((len(x),) + self.input_shape)
+        if self.input_dtype != "float32":   # integers as the board passes them
+            if x.dtype.kind not in "iu":
+                raise ValueError("%s must hold %s values: the plan takes %s input (Simulator.quantize_input converts "
+                                 "float samples)" % (xn, self.input_dtype, self.input_dtype))
+            x = x.reshape((len(x),) + self.input_shape)
+        else:
+            x = x.astype(np.float32).reshape((len(x),) + self.input_shape)
         bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(1))
         if bad.size:
             raise ValueError("%s[%d] contains NaN or infinity (%d sample%s in all)" % (xn, bad[0], bad.size,

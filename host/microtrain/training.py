@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import format as F
+from . import q8_rules
 from .ir import Graph
 
 
@@ -34,6 +35,7 @@ class TTensor:
     onnx_shape: tuple = ()
     offset: int = 0                 # in the arena or the state region, set by the memory plan
     data_offset: int = 0            # in the plan's data section, for constants and initial values
+    quant: object = None            # ir.Quant of an integer tensor
 
     @property
     def nbytes(self):
@@ -95,6 +97,7 @@ class Builder:
             t = TTensor(name, v.shape, storage="CONST", data=v.data, onnx_shape=v.onnx_shape)
         else:
             t = TTensor(name, v.shape, onnx_shape=v.onnx_shape)
+        t.dtype, t.quant = v.dtype, v.quant
         self.index[name] = self.tensor(t)
         return self.index[name]
 
@@ -160,6 +163,8 @@ class Builder:
         else:
             target = self.tensor(TTensor("target", self.tensors[out].shape, flags=F.TFLAGS["TARGET"]))
         self.target, self.output, self.input = target, out, x
+        if not self.trainable:   # an inference-only plan: the forward ops alone
+            return self.tensors, self.ops
         # which values need a gradient: those downstream of a trainable parameter
         # (a view needs one when its source does, so views are resolved as each node is
         # reached: a view feeding a parameterless op must not cut the gradient)
@@ -370,6 +375,24 @@ class Add:
             b.contribute(name, dy)
 
 
+class Q8Rule:
+    """The int8 ops of a lowered frozen part (q8_rules.py): forward, and the float gradient
+    through them where a trainable layer lies upstream."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def forward(self, b, n, ins, y):
+        return q8_rules.FORWARD[self.op](b, n, ins, y)
+
+    def backward(self, b, n, ins, dy):
+        if self.op in q8_rules.BACKWARD:
+            q8_rules.BACKWARD[self.op](b, n, dy, ins)
+
+
+RULES.update((op, Q8Rule(op)) for op in q8_rules.FORWARD)
+
+
 class InternalError(RuntimeError):
     """A compiler bug: the plan would not do what the compiler reports. Never a user error."""
 
@@ -411,10 +434,9 @@ def macs_total(ops):
 
 
 def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None):
-    """(tensors, ops) of the training step. inplace=False gives every value its own tensor memory;
-    clip_grad: the largest L2 norm of the batch's gradient over all trainable parameters, or None."""
-    if not trainable:
-        raise ValueError("nothing to train: the update selection names no parameter")
+    """(tensors, ops) of the training step (the forward ops alone when nothing trains).
+    inplace=False gives every value its own tensor memory; clip_grad: the largest L2 norm of
+    the batch's gradient over all trainable parameters, or None."""
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
     return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad).build()

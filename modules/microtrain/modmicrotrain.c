@@ -217,15 +217,35 @@ static float *get_scratch(mt_trainer_obj_t *self) {
     return self->scratch;
 }
 
-/* x as an aligned float pointer with exactly n_in floats. */
-static const float *get_x(mt_trainer_obj_t *self, mp_obj_t x_in) {
+/* x as the core takes it: for a float plan an aligned float pointer with exactly
+ * n_in floats; for an int8-input plan n_in bytes (array('b'), array('B'), bytes,
+ * bytearray: int8 or uint8 as the plan says), read in place at any alignment. */
+static const void *get_x(mt_trainer_obj_t *self, mp_obj_t x_in) {
     mp_buffer_info_t bi;
+    if (self->ctx.input_dtype != MT_DTYPE_F32) {
+        if (mp_obj_is_str(x_in) || !mp_get_buffer(x_in, &bi, MP_BUFFER_READ)
+            || (bi.typecode != 'b' && bi.typecode != 'B' && bi.typecode != BYTEARRAY_TYPECODE)) {
+            mp_raise_TypeError(self->ctx.input_dtype == MT_DTYPE_U8
+                ? MP_ERROR_TEXT("x must be a buffer of uint8 pixels: bytes, bytearray or array('B') (the plan takes uint8 input)")
+                : MP_ERROR_TEXT("x must be a buffer of int8 values: array('b'), bytes or bytearray (the plan takes int8 input)"));
+        }
+        if (bi.len != self->n_in) {
+            mt_msg_t m;
+            m.len = 0;
+            msg_str(&m, "x has ");
+            msg_uint(&m, (uint32_t)bi.len);
+            msg_str(&m, " bytes, the plan's input needs ");
+            msg_uint(&m, self->n_in);
+            msg_raise(&mp_type_ValueError, &m);
+        }
+        return bi.buf;
+    }
     size_t n = get_f32(x_in, &bi, MP_BUFFER_READ, "x");
     if (n != self->n_in) {
         raise_len("x", n, "input", self->n_in);
     }
     if (is_aligned(bi.buf)) {
-        return (const float *)bi.buf;
+        return bi.buf;
     }
     float *s = get_scratch(self);
     memcpy(s, bi.buf, n * sizeof(float));
@@ -378,7 +398,7 @@ static mp_obj_t trainer_step(size_t n_args, const mp_obj_t *args) {
         mp_raise_ValueError(MP_ERROR_TEXT("loss_out must hold at least 1 float"));
     }
 
-    const float *x = get_x(self, args[1]);
+    const void *x = get_x(self, args[1]);
     float loss = 0.0f;
     int rc;
     if (ctx->loss_kind == MT_LOSS_CROSS_ENTROPY) {
@@ -452,7 +472,7 @@ static mp_obj_t trainer_predict(size_t n_args, const mp_obj_t *args) {
         out = (float *)items;
     }
 
-    const float *x = get_x(self, args[1]);
+    const void *x = get_x(self, args[1]);
     mt_check(ctx, mt_predict(ctx, x, self->n_in, out, self->n_out));
     if (user_out != NULL) {
         memcpy(user_out, out, self->n_out * sizeof(float));
@@ -595,7 +615,7 @@ static mp_obj_t trainer_info(mp_obj_t self_in) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
     mt_info_t in;
     mt_check(&self->ctx, mt_info(&self->ctx, &in));
-    mp_obj_t d = mp_obj_new_dict(17);
+    mp_obj_t d = mp_obj_new_dict(18);
     /* qstrs spelled out in full: the native .mpy build finds them by name */
     #define MT_STORE(q, value) mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(q), (value))
     MT_STORE(MP_QSTR_arena_bytes, new_uint(in.arena_bytes));
@@ -614,6 +634,8 @@ static mp_obj_t trainer_info(mp_obj_t self_in) {
     MT_STORE(MP_QSTR_updates, new_uint(in.updates));
     MT_STORE(MP_QSTR_rejected, new_uint(in.rejected));
     MT_STORE(MP_QSTR_format_version, new_uint(in.format_version));
+    const char *input = in.input_dtype == MT_DTYPE_I8 ? "int8" : in.input_dtype == MT_DTYPE_U8 ? "uint8" : "float32";
+    MT_STORE(MP_QSTR_input_dtype, mp_obj_new_str(input, strlen(input)));
     const char *loss = in.loss_kind == MT_LOSS_CROSS_ENTROPY ? "cross-entropy"
         : in.loss_kind == MT_LOSS_MSE ? "mse" : NULL;
     MT_STORE(MP_QSTR_loss, loss != NULL ? mp_obj_new_str(loss, strlen(loss)) : mp_const_none);

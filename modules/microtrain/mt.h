@@ -43,14 +43,15 @@ typedef struct {
     const uint8_t *ops;           /* op list: read by mt_load and mt_attach */
     const uint8_t *data;          /* constants and initial parameter values, read in place */
     const uint8_t *names;
+    const uint8_t *quant;         /* quantization table (int8 tensors): read by mt_load and mt_attach */
     uint32_t plan_bytes, plan_crc;
-    uint32_t n_tensors, n_ops, ops_bytes, data_bytes, names_bytes;
+    uint32_t n_tensors, n_ops, ops_bytes, data_bytes, names_bytes, n_quant;
     uint32_t arena_bytes, state_bytes, naive_bytes, const_bytes, context_bytes;
     uint64_t macs;
     uint16_t input, target, output, batch;
     uint16_t plan_version;        /* what the plan says, also when it is not MT_VERSION */
     uint8_t loss_kind;
-    uint8_t reserved;
+    uint8_t input_dtype;          /* what the caller passes: MT_DTYPE_F32, _I8 or _U8 */
     float lr, momentum, weight_decay;
     uint32_t n_params, n_train_ops;
     /* the run, set by mt_attach */
@@ -95,6 +96,7 @@ typedef struct {
     float loss, lr, momentum, weight_decay;
     uint16_t batch, format_version;
     uint8_t loss_kind;
+    uint8_t input_dtype;          /* MT_DTYPE_F32, _I8 or _U8: what x holds */
 } mt_info_t;
 
 /* Loading and memory */
@@ -103,11 +105,14 @@ uint32_t mt_ram_bytes(const mt_ctx_t *ctx);
 int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes);
 int mt_reset(mt_ctx_t *ctx);
 
-/* Training and inference. x holds mt_input_len() floats. */
-int mt_step_label(mt_ctx_t *ctx, const float *x, size_t n_x, int32_t label, float *loss);
-int mt_step_target(mt_ctx_t *ctx, const float *x, size_t n_x, const float *target, size_t n_target, float *loss);
-int mt_predict(mt_ctx_t *ctx, const float *x, size_t n_x, float *out, size_t n_out);
+/* Training and inference. x holds mt_input_len() elements of mt_input_dtype():
+ * float32 (any alignment), or int8 / uint8 for a plan compiled for integer input
+ * (a uint8 input is stored as int8 with its zero point moved by -128). */
+int mt_step_label(mt_ctx_t *ctx, const void *x, size_t n_x, int32_t label, float *loss);
+int mt_step_target(mt_ctx_t *ctx, const void *x, size_t n_x, const float *target, size_t n_target, float *loss);
+int mt_predict(mt_ctx_t *ctx, const void *x, size_t n_x, float *out, size_t n_out);
 uint32_t mt_input_len(const mt_ctx_t *ctx);
+uint8_t mt_input_dtype(const mt_ctx_t *ctx);   /* MT_DTYPE_F32, _I8 or _U8; 0 before a plan is loaded */
 uint32_t mt_output_len(const mt_ctx_t *ctx);
 uint32_t mt_target_len(const mt_ctx_t *ctx);   /* 1 (a label) for cross-entropy */
 
@@ -137,7 +142,7 @@ int mt_save_state(const mt_ctx_t *ctx, void *buf, size_t n);
 int mt_load_state(mt_ctx_t *ctx, const void *buf, size_t n);
 
 /* Running single ops, for tests and tracing: a step is the ops in order. */
-int mt_set_input(mt_ctx_t *ctx, const float *x, size_t n_x);
+int mt_set_input(mt_ctx_t *ctx, const void *x, size_t n_x);
 int mt_run_op(mt_ctx_t *ctx, uint32_t index);
 int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info);
 

@@ -20,10 +20,7 @@
 #include <string.h>
 #include "mt_core.h"
 
-typedef struct {
-    uint32_t C, H, W, O, OH, OW, G, Cg, Og;   /* up to 2^28 elements (a 1-D input may be long) */
-    uint16_t KH, KW, sh, sw, dh, dw, pt, pl;  /* <= MT_LIMIT */
-} conv_geom_t;
+typedef mt_conv_geom_t conv_geom_t;   /* mt_core.h: the int8 kernels share it */
 
 /* x (1,C,H,W) * w (O, C/g, KH, KW) -> y (1,O,OH,OW) */
 static int conv_check_shapes(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *w, const mt_tensor_t *y) {
@@ -780,3 +777,14 @@ static int conv_bwd_weight_run(mt_ctx_t *ctx, const void *rec) {
 }
 
 const mt_opdef_t mt_op_CONV2D_BWD_WEIGHT = {conv_bwd_weight_check, conv_bwd_weight_prepare, conv_bwd_weight_run};
+
+/* ---- the geometry, for the int8 convolution (mt_conv_q8.c) ---- */
+
+int mt_conv_check_shapes(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *w, const mt_tensor_t *y) {
+    return conv_check_shapes(a, x, w, y);
+}
+
+void mt_conv_prepare_geom(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *w, const mt_tensor_t *y,
+    mt_conv_geom_t *g) {
+    conv_prepare_geom(a, x, w, y, g);
+}

@@ -42,6 +42,7 @@ typedef struct {
     uint32_t dim[MT_MAX_DIMS];    /* unused dims are 1 */
     uint32_t ref;                 /* mt_ref(): where it lives, for the runtime context */
     uint8_t ndim, dtype, storage, flags;
+    uint16_t quant;               /* its quantization record (mt_q8.h), MT_NO_QUANT for none */
 } mt_tensor_t;
 
 typedef struct {
@@ -126,6 +127,36 @@ MT_INLINE void mt_window_range(int32_t base, int32_t step, int32_t count, int32_
     *lo = a < b ? a : b;
     *hi = b;
 }
+
+/* ---- convolution and pooling geometry (mt_conv.c, mt_pool.c), shared with the int8 kernels ---- */
+
+typedef struct {
+    uint32_t C, H, W, O, OH, OW, G, Cg, Og;   /* up to 2^28 elements (a 1-D input may be long) */
+    uint16_t KH, KW, sh, sw, dh, dw, pt, pl;  /* <= MT_LIMIT */
+} mt_conv_geom_t;
+
+/* x (1,C,H,W) * w (O, C/g, KH, KW) -> y (1,O,OH,OW) with the MT_CONV_A_* attributes a */
+int mt_conv_check_shapes(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *w, const mt_tensor_t *y);
+void mt_conv_prepare_geom(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *w, const mt_tensor_t *y,
+    mt_conv_geom_t *g);
+
+typedef struct {
+    uint32_t C, H, W, OH, OW;     /* up to 2^28 elements (a 1-D input may be long) */
+    uint16_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, include_pad, reserved;   /* attributes <= MT_LIMIT */
+} mt_pool_geom_t;
+
+/* The part of pooling window (oy, ox) inside the input: taps [ky0, ky1) x [kx0, kx1),
+ * tap (ky, kx) at input (by + ky*dh, bx + kx*dw). */
+typedef struct {
+    int32_t ky0, ky1, kx0, kx1, by, bx;
+} mt_window_t;
+
+/* x (1,C,H,W) -> y (1,C,OH,OW) with the MT_POOL_A_* attributes a */
+int mt_pool_check_shapes(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *y);
+void mt_pool_prepare_geom(const mt_op_t *op, const mt_tensor_t *x, const mt_tensor_t *y, mt_pool_geom_t *g);
+void mt_pool_window(const mt_pool_geom_t *g, int32_t oy, int32_t ox, mt_window_t *w);
+/* the divisor of an average over window w (count_include_pad as PyTorch) */
+int32_t mt_pool_window_count(const mt_pool_geom_t *g, const mt_window_t *w);
 
 /* ---- small helpers ---- */
 

@@ -8,14 +8,26 @@ static int ready(const mt_ctx_t *ctx) {
     return ctx->plan != NULL && ctx->ram != NULL;
 }
 
-/* x may be unaligned (a slice of a byte buffer): copy bytewise, then check. */
-int mt_set_input(mt_ctx_t *ctx, const float *x, size_t n_x) {
+/* x may be unaligned (a slice of a byte buffer): copy bytewise, then check a
+ * float input. An integer input needs no check; a uint8 one becomes int8 by
+ * flipping its top bit (q - 128: the plan's zero point was moved with it). */
+int mt_set_input(mt_ctx_t *ctx, const void *x, size_t n_x) {
     mt_clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
     if (x == NULL || n_x != ctx->n_in) {
         return MT_E_INPUT_LEN;
+    }
+    if (ctx->input_dtype != MT_DTYPE_F32) {
+        int8_t *in = (int8_t *)mt_ptr(ctx, ctx->in_ref);
+        memcpy(in, x, n_x);
+        if (ctx->input_dtype == MT_DTYPE_U8) {
+            for (size_t i = 0; i < n_x; i++) {
+                in[i] = (int8_t)((uint8_t)in[i] ^ 0x80u);
+            }
+        }
+        return MT_OK;
     }
     float *in = MT_F32(ctx, ctx->in_ref);
     memcpy(in, x, n_x * sizeof(float));
@@ -88,7 +100,7 @@ static int can_step(mt_ctx_t *ctx, uint8_t loss_kind) {
     return ctx->n_train_ops == 0 ? MT_E_NOT_TRAINABLE : MT_OK;
 }
 
-int mt_step_label(mt_ctx_t *ctx, const float *x, size_t n_x, int32_t label, float *loss) {
+int mt_step_label(mt_ctx_t *ctx, const void *x, size_t n_x, int32_t label, float *loss) {
     int err = can_step(ctx, MT_LOSS_CROSS_ENTROPY);
     if (err != MT_OK) {
         return err;
@@ -104,7 +116,7 @@ int mt_step_label(mt_ctx_t *ctx, const float *x, size_t n_x, int32_t label, floa
     return step(ctx, loss);
 }
 
-int mt_step_target(mt_ctx_t *ctx, const float *x, size_t n_x, const float *target, size_t n_target, float *loss) {
+int mt_step_target(mt_ctx_t *ctx, const void *x, size_t n_x, const float *target, size_t n_target, float *loss) {
     int err = can_step(ctx, MT_LOSS_MSE);
     if (err != MT_OK) {
         return err;
@@ -124,7 +136,7 @@ int mt_step_target(mt_ctx_t *ctx, const float *x, size_t n_x, const float *targe
     return step(ctx, loss);
 }
 
-int mt_predict(mt_ctx_t *ctx, const float *x, size_t n_x, float *out, size_t n_out) {
+int mt_predict(mt_ctx_t *ctx, const void *x, size_t n_x, float *out, size_t n_out) {
     mt_clear_error(ctx);
     if (!ready(ctx)) {
         return MT_E_DETACHED;
@@ -144,6 +156,10 @@ int mt_predict(mt_ctx_t *ctx, const float *x, size_t n_x, float *out, size_t n_o
 
 uint32_t mt_input_len(const mt_ctx_t *ctx) {
     return ctx->plan != NULL ? ctx->n_in : 0;
+}
+
+uint8_t mt_input_dtype(const mt_ctx_t *ctx) {
+    return ctx->plan != NULL ? ctx->input_dtype : 0;
 }
 
 uint32_t mt_output_len(const mt_ctx_t *ctx) {

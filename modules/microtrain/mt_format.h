@@ -4,7 +4,7 @@
 #define MT_FORMAT_H
 
 #define MT_MAGIC "MTPL"
-#define MT_VERSION 1
+#define MT_VERSION 2
 #define MT_ALIGN 8
 #define MT_NO_TENSOR 0xFFFF
 #define MT_NO_NAME 0xFFFFFFFFU
@@ -49,7 +49,11 @@
 #define MT_H_LR 96
 #define MT_H_MOMENTUM 100
 #define MT_H_WEIGHT_DECAY 104
-#define MT_H_RESERVED2 108
+#define MT_H_QUANT_OFF 108
+#define MT_H_N_QUANT 112
+#define MT_H_INPUT_DTYPE 114
+#define MT_H_RESERVED3 115
+#define MT_H_RESERVED2 116
 
 /* tensor record field byte offsets */
 #define MT_TENSOR_BYTES 40
@@ -67,6 +71,18 @@
 #define MT_T_INIT 32
 #define MT_T_QUANT 36
 #define MT_T_RESERVED 38
+
+/* quantization record field byte offsets */
+#define MT_QUANT_BYTES 24
+#define MT_NO_QUANT 0xFFFF
+#define MT_PER_TENSOR 0xFF
+#define MT_Q_SCALE 0
+#define MT_Q_ZERO_POINT 4
+#define MT_Q_AXIS 8
+#define MT_Q_RESERVED 9
+#define MT_Q_N_CHANNELS 12
+#define MT_Q_SCALES 16
+#define MT_Q_ZERO_POINTS 20
 
 /* training-state blob: header field byte offsets; the state region and a CRC-32 follow */
 #define MT_STATE_MAGIC "MTST"
@@ -330,6 +346,151 @@
 #define MT_SGD_W 0
 #define MT_SGD_M 1
 #define MT_SGD_ACC 2
+#define MT_OP_QUANTIZE 20
+#define MT_QUANTIZE_NSLOTS 2
+#define MT_QUANTIZE_NATTRS 0
+#define MT_QUANTIZE_X 0
+#define MT_QUANTIZE_Y 1
+#define MT_OP_DEQUANTIZE 21
+#define MT_DEQUANTIZE_NSLOTS 2
+#define MT_DEQUANTIZE_NATTRS 0
+#define MT_DEQUANTIZE_X 0
+#define MT_DEQUANTIZE_Y 1
+#define MT_OP_CONV2D_Q8 22
+#define MT_CONV2D_Q8_NSLOTS 6
+#define MT_CONV2D_Q8_NATTRS 11
+#define MT_CONV2D_Q8_X 0
+#define MT_CONV2D_Q8_W 1
+#define MT_CONV2D_Q8_B 2
+#define MT_CONV2D_Q8_MULT 3
+#define MT_CONV2D_Q8_SHIFT 4
+#define MT_CONV2D_Q8_Y 5
+#define MT_CONV2D_Q8_A_STRIDE_H 0
+#define MT_CONV2D_Q8_A_STRIDE_W 1
+#define MT_CONV2D_Q8_A_PAD_T 2
+#define MT_CONV2D_Q8_A_PAD_L 3
+#define MT_CONV2D_Q8_A_PAD_B 4
+#define MT_CONV2D_Q8_A_PAD_R 5
+#define MT_CONV2D_Q8_A_DIL_H 6
+#define MT_CONV2D_Q8_A_DIL_W 7
+#define MT_CONV2D_Q8_A_GROUPS 8
+#define MT_CONV2D_Q8_A_ACT_MIN 9
+#define MT_CONV2D_Q8_A_ACT_MAX 10
+#define MT_OP_GEMM_Q8 23
+#define MT_GEMM_Q8_NSLOTS 6
+#define MT_GEMM_Q8_NATTRS 3
+#define MT_GEMM_Q8_X 0
+#define MT_GEMM_Q8_W 1
+#define MT_GEMM_Q8_B 2
+#define MT_GEMM_Q8_MULT 3
+#define MT_GEMM_Q8_SHIFT 4
+#define MT_GEMM_Q8_Y 5
+#define MT_GEMM_Q8_A_W_LAYOUT 0
+#define MT_GEMM_Q8_A_ACT_MIN 1
+#define MT_GEMM_Q8_A_ACT_MAX 2
+#define MT_OP_ADD_Q8 24
+#define MT_ADD_Q8_NSLOTS 3
+#define MT_ADD_Q8_NATTRS 9
+#define MT_ADD_Q8_A 0
+#define MT_ADD_Q8_B 1
+#define MT_ADD_Q8_Y 2
+#define MT_ADD_Q8_A_LEFT_SHIFT 0
+#define MT_ADD_Q8_A_A_MULT 1
+#define MT_ADD_Q8_A_A_SHIFT 2
+#define MT_ADD_Q8_A_B_MULT 3
+#define MT_ADD_Q8_A_B_SHIFT 4
+#define MT_ADD_Q8_A_Y_MULT 5
+#define MT_ADD_Q8_A_Y_SHIFT 6
+#define MT_ADD_Q8_A_ACT_MIN 7
+#define MT_ADD_Q8_A_ACT_MAX 8
+#define MT_OP_MAXPOOL_Q8 25
+#define MT_MAXPOOL_Q8_NSLOTS 2
+#define MT_MAXPOOL_Q8_NATTRS 11
+#define MT_MAXPOOL_Q8_X 0
+#define MT_MAXPOOL_Q8_Y 1
+#define MT_MAXPOOL_Q8_A_KERNEL_H 0
+#define MT_MAXPOOL_Q8_A_KERNEL_W 1
+#define MT_MAXPOOL_Q8_A_STRIDE_H 2
+#define MT_MAXPOOL_Q8_A_STRIDE_W 3
+#define MT_MAXPOOL_Q8_A_PAD_T 4
+#define MT_MAXPOOL_Q8_A_PAD_L 5
+#define MT_MAXPOOL_Q8_A_PAD_B 6
+#define MT_MAXPOOL_Q8_A_PAD_R 7
+#define MT_MAXPOOL_Q8_A_DIL_H 8
+#define MT_MAXPOOL_Q8_A_DIL_W 9
+#define MT_MAXPOOL_Q8_A_COUNT_INCLUDE_PAD 10
+#define MT_OP_AVGPOOL_Q8 26
+#define MT_AVGPOOL_Q8_NSLOTS 4
+#define MT_AVGPOOL_Q8_NATTRS 11
+#define MT_AVGPOOL_Q8_X 0
+#define MT_AVGPOOL_Q8_MULT 1
+#define MT_AVGPOOL_Q8_SHIFT 2
+#define MT_AVGPOOL_Q8_Y 3
+#define MT_AVGPOOL_Q8_A_KERNEL_H 0
+#define MT_AVGPOOL_Q8_A_KERNEL_W 1
+#define MT_AVGPOOL_Q8_A_STRIDE_H 2
+#define MT_AVGPOOL_Q8_A_STRIDE_W 3
+#define MT_AVGPOOL_Q8_A_PAD_T 4
+#define MT_AVGPOOL_Q8_A_PAD_L 5
+#define MT_AVGPOOL_Q8_A_PAD_B 6
+#define MT_AVGPOOL_Q8_A_PAD_R 7
+#define MT_AVGPOOL_Q8_A_DIL_H 8
+#define MT_AVGPOOL_Q8_A_DIL_W 9
+#define MT_AVGPOOL_Q8_A_COUNT_INCLUDE_PAD 10
+#define MT_OP_GAP_Q8 27
+#define MT_GAP_Q8_NSLOTS 2
+#define MT_GAP_Q8_NATTRS 2
+#define MT_GAP_Q8_X 0
+#define MT_GAP_Q8_Y 1
+#define MT_GAP_Q8_A_MULT 0
+#define MT_GAP_Q8_A_SHIFT 1
+#define MT_OP_CLIP_BWD_Q8 28
+#define MT_CLIP_BWD_Q8_NSLOTS 3
+#define MT_CLIP_BWD_Q8_NATTRS 2
+#define MT_CLIP_BWD_Q8_Y 0
+#define MT_CLIP_BWD_Q8_DY 1
+#define MT_CLIP_BWD_Q8_DX 2
+#define MT_CLIP_BWD_Q8_A_ACT_MIN 0
+#define MT_CLIP_BWD_Q8_A_ACT_MAX 1
+#define MT_OP_CONV2D_BWD_INPUT_Q8 29
+#define MT_CONV2D_BWD_INPUT_Q8_NSLOTS 3
+#define MT_CONV2D_BWD_INPUT_Q8_NATTRS 9
+#define MT_CONV2D_BWD_INPUT_Q8_DY 0
+#define MT_CONV2D_BWD_INPUT_Q8_W 1
+#define MT_CONV2D_BWD_INPUT_Q8_DX 2
+#define MT_CONV2D_BWD_INPUT_Q8_A_STRIDE_H 0
+#define MT_CONV2D_BWD_INPUT_Q8_A_STRIDE_W 1
+#define MT_CONV2D_BWD_INPUT_Q8_A_PAD_T 2
+#define MT_CONV2D_BWD_INPUT_Q8_A_PAD_L 3
+#define MT_CONV2D_BWD_INPUT_Q8_A_PAD_B 4
+#define MT_CONV2D_BWD_INPUT_Q8_A_PAD_R 5
+#define MT_CONV2D_BWD_INPUT_Q8_A_DIL_H 6
+#define MT_CONV2D_BWD_INPUT_Q8_A_DIL_W 7
+#define MT_CONV2D_BWD_INPUT_Q8_A_GROUPS 8
+#define MT_OP_GEMM_BWD_INPUT_Q8 30
+#define MT_GEMM_BWD_INPUT_Q8_NSLOTS 3
+#define MT_GEMM_BWD_INPUT_Q8_NATTRS 1
+#define MT_GEMM_BWD_INPUT_Q8_DY 0
+#define MT_GEMM_BWD_INPUT_Q8_W 1
+#define MT_GEMM_BWD_INPUT_Q8_DX 2
+#define MT_GEMM_BWD_INPUT_Q8_A_W_LAYOUT 0
+#define MT_OP_MAXPOOL_BWD_Q8 31
+#define MT_MAXPOOL_BWD_Q8_NSLOTS 3
+#define MT_MAXPOOL_BWD_Q8_NATTRS 11
+#define MT_MAXPOOL_BWD_Q8_X 0
+#define MT_MAXPOOL_BWD_Q8_DY 1
+#define MT_MAXPOOL_BWD_Q8_DX 2
+#define MT_MAXPOOL_BWD_Q8_A_KERNEL_H 0
+#define MT_MAXPOOL_BWD_Q8_A_KERNEL_W 1
+#define MT_MAXPOOL_BWD_Q8_A_STRIDE_H 2
+#define MT_MAXPOOL_BWD_Q8_A_STRIDE_W 3
+#define MT_MAXPOOL_BWD_Q8_A_PAD_T 4
+#define MT_MAXPOOL_BWD_Q8_A_PAD_L 5
+#define MT_MAXPOOL_BWD_Q8_A_PAD_B 6
+#define MT_MAXPOOL_BWD_Q8_A_PAD_R 7
+#define MT_MAXPOOL_BWD_Q8_A_DIL_H 8
+#define MT_MAXPOOL_BWD_Q8_A_DIL_W 9
+#define MT_MAXPOOL_BWD_Q8_A_COUNT_INCLUDE_PAD 10
 #define MT_OP_GRAD_NORM2 40
 #define MT_GRAD_NORM2_NSLOTS 2
 #define MT_GRAD_NORM2_NATTRS 1
@@ -366,6 +527,18 @@
     X(SOFTMAX_CE) \
     X(MSE) \
     X(SGD) \
+    X(QUANTIZE) \
+    X(DEQUANTIZE) \
+    X(CONV2D_Q8) \
+    X(GEMM_Q8) \
+    X(ADD_Q8) \
+    X(MAXPOOL_Q8) \
+    X(AVGPOOL_Q8) \
+    X(GAP_Q8) \
+    X(CLIP_BWD_Q8) \
+    X(CONV2D_BWD_INPUT_Q8) \
+    X(GEMM_BWD_INPUT_Q8) \
+    X(MAXPOOL_BWD_Q8) \
     X(GRAD_NORM2) \
     X(GRAD_CLIP)
 
@@ -417,18 +590,18 @@
     {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SOFTMAX_CE */ \
     {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MSE */ \
     {3, 0, {MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 0)}, {255, 255, 255, 255}}, /* SGD */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {2, 0, {MT_SLOT(0, 1, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* QUANTIZE */ \
+    {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* DEQUANTIZE */ \
+    {6, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV2D_Q8 */ \
+    {6, 3, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* GEMM_Q8 */ \
+    {3, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {2, 0, 2, 1}}, /* ADD_Q8 */ \
+    {2, 11, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* MAXPOOL_Q8 */ \
+    {4, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* AVGPOOL_Q8 */ \
+    {2, 2, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* GAP_Q8 */ \
+    {3, 2, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* CLIP_BWD_Q8 */ \
+    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_Q8 */ \
+    {3, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GEMM_BWD_INPUT_Q8 */ \
+    {3, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MAXPOOL_BWD_Q8 */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \

@@ -47,6 +47,7 @@ static void tensor_view(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t) {
         t->n *= t->dim[d];
     }
     t->ref = mt_rd_u32(r + MT_T_OFFSET) | region[t->storage];
+    t->quant = mt_rd_u16(r + MT_T_QUANT);
 }
 
 static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
@@ -74,7 +75,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (mt_crc32(p + MT_CRC_START, file_bytes - MT_CRC_START) != ctx->plan_crc) {
         FAIL(MT_E_CRC, -1, -1);
     }
-    if (mt_rd_u32(p + MT_H_FLAGS) != 0 || p[MT_H_RESERVED0] != 0 || mt_rd_u16(p + MT_H_RESERVED1) != 0) {
+    if (mt_rd_u32(p + MT_H_FLAGS) != 0 || p[MT_H_RESERVED0] != 0 || mt_rd_u16(p + MT_H_RESERVED1) != 0
+        || p[MT_H_RESERVED3] != 0) {
         FAIL(MT_E_HEADER, -1, -1);
     }
     for (uint32_t i = MT_H_RESERVED2; i < MT_HEADER_BYTES; i++) {
@@ -90,6 +92,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     uint32_t d_off = mt_rd_u32(p + MT_H_DATA_OFF);
     uint32_t n_off = mt_rd_u32(p + MT_H_NAMES_OFF);
     uint32_t m_off = mt_rd_u32(p + MT_H_META_OFF);
+    uint32_t q_off = mt_rd_u32(p + MT_H_QUANT_OFF);
+    ctx->n_quant = mt_rd_u16(p + MT_H_N_QUANT);
     ctx->ops_bytes = mt_rd_u32(p + MT_H_OPS_BYTES);
     ctx->data_bytes = mt_rd_u32(p + MT_H_DATA_BYTES);
     ctx->names_bytes = mt_rd_u32(p + MT_H_NAMES_BYTES);
@@ -97,13 +101,15 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
         || !section_ok(o_off, ctx->ops_bytes, file_bytes)
         || !section_ok(d_off, ctx->data_bytes, file_bytes)
         || !section_ok(n_off, ctx->names_bytes, file_bytes)
-        || !section_ok(m_off, mt_rd_u32(p + MT_H_META_BYTES), file_bytes)) {
+        || !section_ok(m_off, mt_rd_u32(p + MT_H_META_BYTES), file_bytes)
+        || !section_ok(q_off, ctx->n_quant * (uint32_t)MT_QUANT_BYTES, file_bytes)) {
         FAIL(MT_E_SECTION, -1, -1);
     }
     ctx->tensors = p + t_off;
     ctx->ops = p + o_off;
     ctx->data = p + d_off;
     ctx->names = p + n_off;
+    ctx->quant = p + q_off;
     if (ctx->names_bytes > 0 && ctx->names[ctx->names_bytes - 1] != 0) {
         FAIL(MT_E_NAME, -1, -1);
     }
@@ -120,6 +126,7 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     ctx->target = mt_rd_u16(p + MT_H_TARGET_TENSOR);
     ctx->output = mt_rd_u16(p + MT_H_OUTPUT_TENSOR);
     ctx->loss_kind = p[MT_H_LOSS];
+    ctx->input_dtype = p[MT_H_INPUT_DTYPE];
     ctx->batch = mt_rd_u16(p + MT_H_BATCH);
     ctx->lr = rd_f32(p + MT_H_LR);
     ctx->momentum = rd_f32(p + MT_H_MOMENTUM);
@@ -133,6 +140,59 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
         FAIL(MT_E_OPTIM, -1, -1);
     }
     return MT_OK;
+}
+
+/* Quantization record qi for a tensor of this dtype and shape: a positive
+ * finite scale (or per-channel scales in the data section), zero points in the
+ * dtype's range (0 for an int32 bias), the channel axis inside the shape. */
+static int quant_ok(const mt_ctx_t *ctx, uint32_t qi, uint8_t dtype, uint8_t ndim, const uint8_t *r) {
+    if (qi >= ctx->n_quant) {
+        return 0;
+    }
+    const uint8_t *q = ctx->quant + qi * MT_QUANT_BYTES;
+    int32_t lo, hi;
+    switch (dtype) {
+        case MT_DTYPE_I8: lo = -128; hi = 127; break;
+        case MT_DTYPE_U8: lo = 0; hi = 255; break;
+        case MT_DTYPE_I32: lo = 0; hi = 0; break;   /* a bias: real = scale * q */
+        default: return 0;
+    }
+    if (q[MT_Q_RESERVED] != 0 || q[MT_Q_RESERVED + 1] != 0 || q[MT_Q_RESERVED + 2] != 0) {
+        return 0;
+    }
+    float scale = rd_f32(q + MT_Q_SCALE);
+    int32_t zp = (int32_t)mt_rd_u32(q + MT_Q_ZERO_POINT);
+    uint8_t axis = q[MT_Q_AXIS];
+    uint32_t n = mt_rd_u32(q + MT_Q_N_CHANNELS), scales = mt_rd_u32(q + MT_Q_SCALES);
+    uint32_t zps = mt_rd_u32(q + MT_Q_ZERO_POINTS);
+    if (axis == MT_PER_TENSOR) {
+        return mt_f32_finite(scale) && scale > 0.0f && zp >= lo && zp <= hi && n == 1 && scales == MT_NO_NAME
+               && zps == MT_NO_NAME;
+    }
+    if (axis >= ndim || n != mt_rd_u32(r + MT_T_DIM0 + 4u * axis) || scale != 0.0f || zp != 0) {
+        return 0;
+    }
+    if (scales % 4 != 0 || scales > ctx->data_bytes || (uint64_t)n * 4u > ctx->data_bytes - scales) {
+        return 0;
+    }
+    for (uint32_t c = 0; c < n; c++) {
+        float s = rd_f32(ctx->data + scales + 4 * c);
+        if (!mt_f32_finite(s) || !(s > 0.0f)) {
+            return 0;
+        }
+    }
+    if (zps != MT_NO_NAME) {
+        if (zps % 4 != 0 || zps > ctx->data_bytes || (uint64_t)n * 4u > ctx->data_bytes - zps) {
+            return 0;
+        }
+        for (uint32_t c = 0; c < n; c++) {
+            int32_t z = (int32_t)mt_rd_u32(ctx->data + zps + 4 * c);
+            if (z < lo || z > hi) {
+                return 0;
+            }
+        }
+    }
+    return 1;
 }
 
 /* One tensor record, against the header's region sizes. No side effects: it runs
@@ -196,7 +256,8 @@ static int tensor_ok(const mt_ctx_t *ctx, uint32_t i) {
     if (name != MT_NO_NAME && name >= ctx->names_bytes) {
         return MT_E_NAME;
     }
-    if (mt_rd_u16(r + MT_T_QUANT) != 0xFFFF || mt_rd_u16(r + MT_T_RESERVED) != 0) {
+    uint16_t qi = mt_rd_u16(r + MT_T_QUANT);
+    if ((qi != MT_NO_QUANT && !quant_ok(ctx, qi, dtype, ndim, r)) || mt_rd_u16(r + MT_T_RESERVED) != 0) {
         return MT_E_TENSOR;
     }
     return MT_OK;
@@ -237,7 +298,7 @@ static int validate_state_disjoint(mt_ctx_t *ctx) {
     return MT_OK;
 }
 
-/* The tensors named in the header: an F32 arena input, the target, the output. */
+/* The tensors named in the header: an F32 or int8 arena input, the target, the output. */
 static int validate_io(mt_ctx_t *ctx) {
     if (ctx->input >= ctx->n_tensors || ctx->output >= ctx->n_tensors || ctx->target >= ctx->n_tensors) {
         FAIL(MT_E_HEADER, -1, -1);
@@ -246,7 +307,10 @@ static int validate_io(mt_ctx_t *ctx) {
     tensor_view(ctx, ctx->input, &x);
     tensor_view(ctx, ctx->output, &y);
     tensor_view(ctx, ctx->target, &t);
-    if (x.storage != MT_STORAGE_ARENA || x.dtype != MT_DTYPE_F32 || !(x.flags & MT_TFLAG_INPUT)) {
+    /* a float input is passed as float; an int8 one as int8, or as uint8 that the core flips to int8 */
+    int input_fits = x.dtype == MT_DTYPE_F32 ? ctx->input_dtype == MT_DTYPE_F32
+        : x.dtype == MT_DTYPE_I8 && (ctx->input_dtype == MT_DTYPE_I8 || ctx->input_dtype == MT_DTYPE_U8);
+    if (x.storage != MT_STORAGE_ARENA || !input_fits || !(x.flags & MT_TFLAG_INPUT)) {
         FAIL(MT_E_TENSOR, -1, ctx->input);
     }
     if (y.storage != MT_STORAGE_ARENA || y.dtype != MT_DTYPE_F32 || !(y.flags & MT_TFLAG_OUTPUT)) {

@@ -4,10 +4,7 @@
 #include <string.h>
 #include "mt_core.h"
 
-typedef struct {
-    uint32_t C, H, W, OH, OW;     /* up to 2^28 elements (a 1-D input may be long) */
-    uint16_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, include_pad, reserved;   /* attributes <= MT_LIMIT */
-} pool_geom_t;
+typedef mt_pool_geom_t pool_geom_t;   /* mt_core.h: the int8 kernels share it */
 
 /* One record for the four window ops: MAXPOOL (x, y), MAXPOOL_BWD (dy, dx, aux = x),
  * AVGPOOL (x, y), AVGPOOL_BWD (dy, dx). */
@@ -69,11 +66,7 @@ static void pool_prepare_geom(const mt_op_t *op, const mt_tensor_t *x, const mt_
     g->reserved = 0;
 }
 
-/* The part of window (oy, ox) inside the input: taps [ky0, ky1) x [kx0, kx1), tap
- * (ky, kx) at input (by + ky*dh, bx + kx*dw). */
-typedef struct {
-    int32_t ky0, ky1, kx0, kx1, by, bx;
-} window_t;
+typedef mt_window_t window_t;
 
 MT_INLINE void window_at(const pool_geom_t *g, int32_t oy, int32_t ox, window_t *w) {
     w->by = oy * g->sh - g->pt;
@@ -317,3 +310,21 @@ static int gap_bwd_run(mt_ctx_t *ctx, const void *rec) {
 }
 
 const mt_opdef_t mt_op_GAP_BWD = {gap_bwd_check, gap_bwd_prepare, gap_bwd_run};
+
+/* ---- the geometry, for the int8 pooling (mt_pool_q8.c) ---- */
+
+int mt_pool_check_shapes(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *y) {
+    return pool_check_shapes(a, x, y);
+}
+
+void mt_pool_prepare_geom(const mt_op_t *op, const mt_tensor_t *x, const mt_tensor_t *y, mt_pool_geom_t *g) {
+    pool_prepare_geom(op, x, y, g);
+}
+
+void mt_pool_window(const mt_pool_geom_t *g, int32_t oy, int32_t ox, mt_window_t *w) {
+    window_at(g, oy, ox, w);
+}
+
+int32_t mt_pool_window_count(const mt_pool_geom_t *g, const mt_window_t *w) {
+    return window_count(g, w);
+}

@@ -45,6 +45,7 @@ int mt_info(const mt_ctx_t *ctx, mt_info_t *info) {
     info->weight_decay = ctx->weight_decay;
     info->batch = ctx->batch;
     info->loss_kind = ctx->loss_kind;
+    info->input_dtype = ctx->input_dtype;
     return MT_OK;
 }
 

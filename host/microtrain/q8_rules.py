@@ -1,0 +1,132 @@
+"""The plan ops of the int8 IR nodes (quantize.py makes them): one forward rule and,
+where a gradient passes through a frozen int8 node, one backward rule per node kind.
+
+Gradients are float32 and belong to the real (dequantized) values: DEQUANTIZE passes
+its gradient on; QUANTIZE and every clamped int8 output pass it where the saved int8
+output lies strictly inside its clamp (CLIP_BWD_Q8: ReLU, ReLU6, saturation, as
+PyTorch's hardtanh); convolutions and Gemms send it back through their int8 weights
+times the per-channel scales (CONV2D_BWD_INPUT_Q8, GEMM_BWD_INPUT_Q8). Their weights
+and biases never train here: a trainable layer is float32 (quantize.py keeps it so).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import format as F
+
+QMIN, QMAX = -128, 127
+
+
+def _conv_attrs(a):
+    return [a[k] for k in F.CONV_ATTRS]
+
+
+def _pool_attrs(a):
+    return [a[k] for k in F.POOL_ATTRS]
+
+
+def quantize(b, n, ins, y):
+    return b.op("QUANTIZE", "FORWARD", [ins[0], y], [], n.onnx_name)
+
+
+def dequantize(b, n, ins, y):
+    return b.op("DEQUANTIZE", "FORWARD", [ins[0], y], [], n.onnx_name)
+
+
+def qconv(b, n, ins, y):
+    w, ys = b.tensors[ins[1]], b.tensors[y].shape
+    macs = ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:]))
+    return b.op("CONV2D_Q8", "FORWARD", ins + [y], _conv_attrs(n.attrs) + [n.attrs["act_min"], n.attrs["act_max"]],
+                n.onnx_name, macs)
+
+
+def qgemm(b, n, ins, y):
+    return b.op("GEMM_Q8", "FORWARD", ins + [y], [n.attrs["w_layout"], n.attrs["act_min"], n.attrs["act_max"]],
+                n.onnx_name, b.tensors[ins[1]].nbytes)
+
+
+def qadd(b, n, ins, y):
+    spec = F.OPS_BY_NAME["ADD_Q8"]
+    return b.op("ADD_Q8", "FORWARD", [ins[0], ins[1], y], [n.attrs[k] for k in spec.attrs], n.onnx_name)
+
+
+def qmaxpool(b, n, ins, y):
+    return b.op("MAXPOOL_Q8", "FORWARD", [ins[0], y], _pool_attrs(n.attrs), n.onnx_name)
+
+
+def qavgpool(b, n, ins, y):
+    return b.op("AVGPOOL_Q8", "FORWARD", ins + [y], _pool_attrs(n.attrs), n.onnx_name)
+
+
+def qgap(b, n, ins, y):
+    return b.op("GAP_Q8", "FORWARD", [ins[0], y], [n.attrs["mult"], n.attrs["shift"]], n.onnx_name)
+
+
+FORWARD = {"quantize": quantize, "dequantize": dequantize, "qconv": qconv, "qgemm": qgemm, "qadd": qadd,
+           "qmaxpool": qmaxpool, "qavgpool": qavgpool, "qgap": qgap}
+
+
+# ---- backward through frozen int8 nodes ----
+
+def _mask(b, n, y, dy, lo, hi):
+    """dy where the int8 output y lies strictly inside (lo, hi); dy itself when nothing clamps."""
+    d = b.grad_tensor(n.output + "@clamp", y)
+    b.op("CLIP_BWD_Q8", "TRAIN", [y, dy, d], [lo, hi], n.onnx_name)
+    return d
+
+
+def back_dequantize(b, n, dy, ins):
+    b.contribute(n.inputs[0], dy)
+
+
+def back_quantize(b, n, dy, ins):
+    b.contribute(n.inputs[0], _mask(b, n, b.index[n.output], dy, QMIN, QMAX))
+
+
+def back_layer(b, n, dy, ins):
+    """qconv, qgemm: the input's gradient through the int8 weight (the layer itself is frozen)."""
+    x = n.inputs[0]
+    if x not in b.needs:
+        return
+    d = _mask(b, n, b.index[n.output], dy, n.attrs["act_min"], n.attrs["act_max"])
+    dx = b.grad_tensor(x, ins[0])
+    if n.op == "qconv":
+        b.op("CONV2D_BWD_INPUT_Q8", "TRAIN", [d, ins[1], dx], _conv_attrs(n.attrs), n.onnx_name, b.fwd[n.output].macs)
+    else:
+        b.op("GEMM_BWD_INPUT_Q8", "TRAIN", [d, ins[1], dx], [n.attrs["w_layout"]], n.onnx_name)
+    b.contribute(x, dx)
+
+
+def back_qadd(b, n, dy, ins):
+    d = _mask(b, n, b.index[n.output], dy, n.attrs["act_min"], n.attrs["act_max"])
+    for name in n.inputs:
+        b.contribute(name, d)
+
+
+def back_pool(b, n, dy, ins):
+    """Average pooling's gradient does not depend on the values: the float kernels serve, after
+    the mask of the output's saturation."""
+    x = n.inputs[0]
+    if x not in b.needs:
+        return
+    d = _mask(b, n, b.index[n.output], dy, QMIN, QMAX)
+    dx = b.grad_tensor(x, ins[0])
+    if n.op == "qavgpool":
+        b.op("AVGPOOL_BWD", "TRAIN", [d, dx], _pool_attrs(n.attrs), n.onnx_name)
+    else:
+        b.op("GAP_BWD", "TRAIN", [d, dx], [], n.onnx_name)
+    b.contribute(x, dx)
+
+
+def back_maxpool(b, n, dy, ins):
+    """Each output's gradient to its window's first maximum (the output keeps the input's scale, so
+    it never saturates where the input did not)."""
+    x = n.inputs[0]
+    if x in b.needs:
+        dx = b.grad_tensor(x, ins[0])
+        b.op("MAXPOOL_BWD_Q8", "TRAIN", [ins[0], dy, dx], _pool_attrs(n.attrs), n.onnx_name)
+        b.contribute(x, dx)
+
+
+BACKWARD = {"dequantize": back_dequantize, "quantize": back_quantize, "qconv": back_layer, "qgemm": back_layer,
+            "qadd": back_qadd, "qavgpool": back_pool, "qgap": back_pool, "qmaxpool": back_maxpool}

@@ -1,0 +1,100 @@
+/* microtrain core: int8 arithmetic and quantization records, shared by the
+ * int8 kernels (mt_quant.c, mt_conv_q8.c, mt_gemm_q8.c, mt_eltwise_q8.c,
+ * mt_pool_q8.c). Private to the core.
+ *
+ * An int8 tensor q stands for real values scale * (q - zero_point). Inside the
+ * int8 path everything is integer: an op sums int32 products, then rescales the
+ * sum to its output's scale with a fixed-point multiplier (Q31 `mult` and a
+ * power-of-two `shift`, computed by the compiler as TFLite's QuantizeMultiplier
+ * does): x * mult * 2^(shift - 31), rounded once, half up. That is TensorFlow
+ * Lite's reference MultiplyByQuantizedMultiplier in its single-rounding form
+ * (TFLITE_SINGLE_ROUNDING); the classic form (gemmlowp's
+ * SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT) rounds twice and
+ * is off by one in about 0.1% of the outputs of a layer, which then add up
+ * through a network. Every platform gives the same bits. Float appears only at
+ * the boundary ops QUANTIZE and DEQUANTIZE and in the float backward kernels
+ * that read int8 weights.
+ */
+#ifndef MT_Q8_H
+#define MT_Q8_H
+
+#include "mt_core.h"
+
+#define MT_Q8_MULT_MIN (1 << 30)    /* a Q31 multiplier in [0.5, 1): [2^30, 2^31 - 1], or 0 */
+#define MT_Q8_SHIFT_MIN (-31)
+#define MT_Q8_SHIFT_MAX 30
+#define MT_Q8_MAX_TAPS 32767        /* products summed per output: |sum| < 2^30, no int32 overflow */
+#define MT_Q8_BIAS_MAX (1 << 30)    /* |bias| <= 2^30: bias plus the sum stays inside int32 */
+
+/* floor(t / 2^s), 0 < s < 63, without relying on >> of a negative number */
+MT_INLINE int64_t mt_q8_floor_shift(int64_t t, int32_t s) {
+    return t >= 0 ? t >> s : -((-t + (((int64_t)1 << s) - 1)) >> s);
+}
+
+/* round(x * mult * 2^(shift - 31)), ties up, saturated to int32. shift is clamped
+ * to its valid range, so constants changed after load give other numbers, never
+ * undefined shifts. */
+MT_INLINE int32_t mt_q8_requant(int32_t x, int32_t mult, int32_t shift) {
+    shift = shift < MT_Q8_SHIFT_MIN ? MT_Q8_SHIFT_MIN : (shift > MT_Q8_SHIFT_MAX ? MT_Q8_SHIFT_MAX : shift);
+    const int32_t total = 31 - shift;                      /* 1 .. 62 */
+    int64_t t = mt_q8_floor_shift((int64_t)x * mult + ((int64_t)1 << (total - 1)), total);
+    return (int32_t)(t > INT32_MAX ? INT32_MAX : (t < INT32_MIN ? INT32_MIN : t));
+}
+
+/* The same with ties to even: the averages (AVGPOOL_Q8, GAP_Q8), where a tie is
+ * common (a sum of 4 divided by 4) and onnxruntime rounds the mean to even as
+ * ONNX QuantizeLinear does. */
+MT_INLINE int32_t mt_q8_requant_even(int32_t x, int32_t mult, int32_t shift) {
+    shift = shift < MT_Q8_SHIFT_MIN ? MT_Q8_SHIFT_MIN : (shift > MT_Q8_SHIFT_MAX ? MT_Q8_SHIFT_MAX : shift);
+    const int32_t total = 31 - shift;
+    const int64_t half = (int64_t)1 << (total - 1), t = (int64_t)x * mult + half;
+    int64_t r = mt_q8_floor_shift(t, total);
+    if ((t & (2 * half - 1)) == 0 && (r & 1) != 0) {   /* exactly halfway, rounded up to odd */
+        r--;
+    }
+    return (int32_t)(r > INT32_MAX ? INT32_MAX : (r < INT32_MIN ? INT32_MIN : r));
+}
+
+MT_INLINE int8_t mt_q8_clamp(int32_t v, int32_t lo, int32_t hi) {
+    return (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+}
+
+/* zp + v clamped to [lo, hi] (inside the int8 range): v is limited first, so the sum
+ * cannot overflow however large the requantized v is. */
+MT_INLINE int8_t mt_q8_out(int32_t v, int32_t zp, int32_t lo, int32_t hi) {
+    v = v < -256 ? -256 : (v > 256 ? 256 : v);
+    return mt_q8_clamp(v + zp, lo, hi);
+}
+
+/* ---- quantization records (mt_quant.c) ---- */
+
+typedef struct {
+    float scale;                  /* per tensor; 0 when per channel */
+    int32_t zero_point;           /* per tensor; 0 when per channel */
+    uint32_t n;                   /* channels: 1 per tensor */
+    uint32_t scales;              /* reference of n f32 scales (per channel), else MT_REF_NONE */
+    uint32_t zero_points;         /* reference of n i32 zero points, MT_REF_NONE when all are 0 */
+    uint8_t axis;                 /* MT_PER_TENSOR or the channel axis */
+} mt_quant_t;
+
+/* The quantization record of t (validated at load); 0 if t has none. */
+int mt_quant_of(const mt_ctx_t *ctx, const mt_tensor_t *t, mt_quant_t *q);
+/* t is an int8 activation: per-tensor quantization */
+int mt_q8_activation_ok(const mt_ctx_t *ctx, const mt_tensor_t *t);
+/* w is an int8 weight with zero points 0, per tensor or per channel along axis with n channels */
+int mt_q8_weight_ok(const mt_ctx_t *ctx, const mt_tensor_t *w, uint8_t axis, uint32_t n);
+/* mult and shift: constant int32 tables of n entries (or one for all) with valid values;
+ * b (optional): a constant int32 bias of n entries within MT_Q8_BIAS_MAX */
+int mt_q8_rescale_ok(const mt_ctx_t *ctx, const mt_tensor_t *mult, const mt_tensor_t *shift, const mt_tensor_t *b,
+    uint32_t n);
+/* -128 <= lo <= hi <= 127 */
+int mt_q8_clamp_ok(int32_t lo, int32_t hi);
+/* one multiplier/shift pair given as attributes */
+int mt_q8_pair_ok(int32_t mult, int32_t shift);
+
+MT_INLINE int32_t mt_q8_zero_point(const mt_ctx_t *ctx, const mt_tensor_t *t) {
+    mt_quant_t q;
+    return mt_quant_of(ctx, t, &q) ? q.zero_point : 0;
+}
+
+#endif /* MT_Q8_H */
