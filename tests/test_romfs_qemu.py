@@ -17,7 +17,6 @@ a few steps and its losses and parameters are compared with the host simulator's
 bit (same C core, same float32 operations: the int8 backbone is integer arithmetic and the
 Cortex-M7's double FPU rounds float32 as the host does).
 """
-import binascii
 import os
 import shutil
 import sys
