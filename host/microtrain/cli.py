@@ -36,7 +36,7 @@ def _compile(args):
     plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
                    weight_decay=args.weight_decay, batch=args.batch, planner=args.planner,
                    clip_grad=args.clip_grad, quantize=args.quantize, calibration=calibration,
-                   input_dtype=args.input_dtype, int8_scope=args.int8_scope)
+                   input_dtype=args.input_dtype, int8_scope=args.int8_scope, scheme=args.scheme)
     fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
@@ -275,7 +275,10 @@ def parser():
     c.add_argument("-o", "--output", required=True, metavar="PLAN.mtp", help="plan file to write")
     c.add_argument("--update", default="last-layer",
                    help="what trains: last-layer, bias (every bias), last:K (the last K layers), full, none (an "
-                   "inference-only plan), or a JSON file listing initializer names")
+                   "inference-only plan), a JSON file listing initializer names, or a MIT sparse-update scheme "
+                   "(JSON: one entry of a *.schemes.json `schemes` list, or the whole file with --scheme)")
+    c.add_argument("--scheme", metavar="NAME", default=None,
+                   help="the scheme of a *.schemes.json --update file to use (for example 49kb); docs/sparse.md")
     c.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"],
                    help="cross-entropy (softmax fused; integer labels) or mse (float targets shaped like the output)")
     c.add_argument("--lr", type=_number, default=0.01, help="learning rate of SGD")

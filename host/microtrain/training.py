@@ -61,10 +61,11 @@ def f32_bits(v):
 
 
 class Builder:
-    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None):
+    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None):
         self.g = graph
         self.clip_grad = clip_grad
         self.trainable = set(trainable)
+        self.channels = dict(channels or {})   # weight -> (axis, channels): trains on those channels only
         self.loss = loss
         self.batch = batch
         self.momentum = momentum
@@ -108,22 +109,34 @@ class Builder:
     def view(self, of, shape, name):
         return self.tensor(TTensor(name, tuple(shape), view_of=of))
 
-    def sink(self, pname):
+    def sink(self, pname, part=None):
         """The optimizer slots (momentum, accumulator) of a gradient op for a trainable parameter,
         whose tensors are created once. With batch 1 the gradient op updates the parameter at
         once, unless several layers share the parameter: their gradients are summed in an
         accumulator first (as PyTorch sums a tied weight's), and an SGD op at the end of the
-        batch applies them, so a backward-input op never sees a weight the forward did not use."""
+        batch applies them, so a backward-input op never sees a weight the forward did not use.
+        part = (label, shape): the op trains one channel run of the parameter; with batch 1 its
+        momentum then holds only that run (an SGD op needs a whole-parameter accumulator)."""
+        if part is not None and not self.needs_acc(pname):
+            label, shape = part
+            self.opt.setdefault(pname, (None, None))
+            if self.momentum == 0:
+                return [None, None]
+            return [self.tensor(TTensor("mom(%s)%s" % (pname, label), tuple(shape), storage="STATE",
+                                        flags=F.TFLAGS["MOMENTUM"])), None]
         if pname not in self.opt:
             p = self.tensors[self.index[pname]]
             m = acc = None
-            if self.batch > 1 or self.users[pname] > 1 or self.clip_grad:
+            if self.needs_acc(pname):
                 acc = self.tensor(TTensor("acc(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["GRAD_ACC"]))
             if self.momentum > 0:
                 m = self.tensor(TTensor("mom(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["MOMENTUM"]))
             self.opt[pname] = (m, acc)
         m, acc = self.opt[pname]
         return [m if acc is None else None, acc]
+
+    def needs_acc(self, pname):
+        return self.batch > 1 or self.users[pname] > 1 or bool(self.clip_grad)
 
     # ---- build ----
     def live_nodes(self):
@@ -318,10 +331,29 @@ class Layer:
                 O, K = w.shape[0], w.shape[1]
             else:
                 O, K = (w.shape[0], w.shape[1]) if n.attrs["w_layout"] == F.W_LAYOUT_OUT_IN else (w.shape[1], w.shape[0])
-            b.op("CONV2D_BWD_WEIGHT" if conv else "GEMM_BWD_WEIGHT", "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight()),
-                 self.attrs(n) + [0, O, 0, K], n.onnx_name, macs)
+            name = "CONV2D_BWD_WEIGHT" if conv else "GEMM_BWD_WEIGHT"
+            if n.weight() not in b.channels:
+                b.op(name, "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight()), self.attrs(n) + [0, O, 0, K],
+                     n.onnx_name, macs)
+            for o0, oc, k0, kc in self.runs(b, n, O, K):   # a channel-sparse weight: one op per channel run
+                taps = list(w.shape[2:]) if conv else []
+                shape = [oc, kc] + taps if conv or n.attrs["w_layout"] == F.W_LAYOUT_OUT_IN else [kc, oc]
+                label = "[%d:%d]" % ((o0, o0 + oc) if oc != O else (k0, k0 + kc))
+                b.op(name, "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight(), (label, shape)),
+                     self.attrs(n) + [o0, oc, k0, kc], n.onnx_name, macs * oc * kc // (O * K))
         if n.bias() in b.trainable:
             b.op("BIAS_BWD", "TRAIN", [dy, ins[2]] + b.sink(n.bias()), [0, b.tensors[ins[2]].shape[0]], n.onnx_name)
+
+
+    @staticmethod
+    def runs(b, n, O, K):
+        """(o_begin, o_count, i_begin, i_count) per contiguous run of a channel-sparse weight's
+        channels (axis 0: output channels, also a depthwise conv's; axis 1: input channels)."""
+        if n.weight() not in b.channels:
+            return []
+        from .schemes import channel_runs
+        axis, chans = b.channels[n.weight()]
+        return [(c0, cn, 0, K) if axis == 0 else (0, O, c0, cn) for c0, cn in channel_runs(chans)]
 
 
 @rule("clip")
@@ -433,10 +465,11 @@ def macs_total(ops):
     return sum(o.macs for o in ops)
 
 
-def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None):
+def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None):
     """(tensors, ops) of the training step (the forward ops alone when nothing trains).
     inplace=False gives every value its own tensor memory; clip_grad: the largest L2 norm of
-    the batch's gradient over all trainable parameters, or None."""
+    the batch's gradient over all trainable parameters, or None; channels: {weight: (axis,
+    channels)} for weights that train on some channels only (schemes.py)."""
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
-    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad).build()
+    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad, channels).build()
