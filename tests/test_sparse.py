@@ -29,14 +29,17 @@ RTOL = 1e-4
 class Block(nn.Module):
     """conv3x3 -> [1x1 expand -> depthwise 3x3 -> 1x1 project] + residual -> GAP -> Linear."""
 
-    def __init__(self):
+    def __init__(self, matmul_head=False):
         super().__init__()
         g = torch.Generator().manual_seed(0)
+        self.matmul_head = matmul_head   # the head as x @ W + b (ONNX MatMul, W stored [in, out])
         self.first = nn.Conv2d(3, 8, 3, padding=1)
         self.pw1 = nn.Conv2d(8, 12, 1)
         self.dw = nn.Conv2d(12, 12, 3, padding=1, groups=12)
         self.pw2 = nn.Conv2d(12, 8, 1)
         self.fc = nn.Linear(8, 4)
+        if matmul_head:
+            self.fc.weight = nn.Parameter(torch.zeros(8, 4))
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
@@ -46,7 +49,8 @@ class Block(nn.Module):
         y = F.relu6(self.pw1(x))
         y = F.relu6(self.dw(y))
         y = self.pw2(y) + x
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+        y = torch.flatten(F.adaptive_avg_pool2d(y, 1), 1)
+        return y @ self.fc.weight + self.fc.bias if self.matmul_head else self.fc(y)
 
 
 # conv_index: 0 first, 1 pw1, 2 dw, 3 pw2 (MIT's order: the graph's convs, the head excluded)
@@ -63,14 +67,18 @@ SCHEME = {
 TORCH_NAMES = {1: "pw1", 2: "dw", 3: "pw2"}
 
 
-def torch_masks(model):
-    """{torch parameter name: 0/1 mask} of what SCHEME trains, worked out from the module."""
+def torch_masks(model, scheme=SCHEME, whole=("fc.weight", "fc.bias", "dw.bias", "pw2.bias"), by_onnx=None,
+                in_out=()):
+    """{torch parameter name: 0/1 mask} of what a scheme trains, worked out from the module;
+    in_out: weights stored [in, out] (a scheme's axes are [out, in] whatever the storage)."""
     masks = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
-    for n in ("fc.weight", "fc.bias", "dw.bias", "pw2.bias"):
+    for n in whole:
         masks[n][...] = 1
-    for e in SCHEME["weight_updates"]:
-        name = TORCH_NAMES[e["conv_index"]] + ".weight"
+    for e in scheme["weight_updates"]:
+        name = TORCH_NAMES[e["conv_index"]] + ".weight" if "conv_index" in e else by_onnx[e["initializer"]]
         w = dict(model.named_parameters())[name].detach().double()
+        mask = masks[name].T if name in in_out else masks[name]
+        w = w.T if name in in_out else w
         axis = e["channel_axis"]
         if "selected_channels" in e:
             sel = e["selected_channels"]
@@ -79,7 +87,7 @@ def torch_masks(model):
             sel = torch.argsort(-norm)[:int(e["ratio"] * w.shape[axis])].tolist()
         idx = [slice(None)] * w.dim()
         idx[axis] = sel
-        masks[name][tuple(idx)] = 1
+        mask[tuple(idx)] = 1
     return masks
 
 
@@ -109,9 +117,12 @@ def data(n=STEPS):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("sparse")
-    module = Block().eval()
-    return module, {e: export(module, torch.zeros(1, 3, 6, 6), e, str(d / ("block-%s.onnx" % e)))
-                    for e in ("ts13", "dynamo")}
+    out = {}
+    for matmul in (False, True):
+        module = Block(matmul).eval()
+        out[matmul] = module, {e: export(module, torch.zeros(1, 3, 6, 6), e, str(d / ("block%d-%s.onnx" % (matmul, e))))
+                               for e in ("ts13", "dynamo")}
+    return out
 
 
 def onnx_names(plan):
@@ -127,7 +138,7 @@ def onnx_names(plan):
 @pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
 @pytest.mark.parametrize("batch,momentum,weight_decay", [(1, 0.9, 0.0), (1, 0.0, 0.01), (4, 0.9, 0.0)])
 def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weight_decay):
-    module, paths = models
+    module, paths = models[False]
     lr = 0.05
     plan = microtrain.compile(paths[exporter], update=SCHEME, lr=lr, momentum=momentum, weight_decay=weight_decay,
                               batch=batch)
@@ -152,9 +163,41 @@ def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weigh
         assert not np.array_equal(got[mask], initial[n][mask]), "%s did not train" % n
 
 
+@pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
+@pytest.mark.parametrize("matmul", [False, True])
+@pytest.mark.parametrize("axis,sel", [(1, [1, 2, 5]), (0, [0, 2, 3])])
+def test_channel_sparse_head(models, exporter, matmul, axis, sel):
+    """A head trained on some input features (axis 1) or some output rows (axis 0), as Linear
+    (Gemm, W stored [out, in]) and as x @ W (MatMul, W stored [in, out]; axis 1 is still its
+    input features)."""
+    module, paths = models[matmul]
+    names = onnx_names(microtrain.compile(paths[exporter], update="none"))
+    scheme = {"classifier": "none", "bias_updates": [{"initializer": names["fc.bias"]}],
+              "weight_updates": [{"initializer": names["fc.weight"], "channel_axis": axis, "selected_channels": sel},
+                                 SCHEME["weight_updates"][0]]}
+    plan = microtrain.compile(paths[exporter], update=scheme, lr=0.05, momentum=0.9)
+    sim = microtrain.Simulator(plan)
+    initial = {n: np.array(sim.params()[names[n]]) for n in ("fc.weight", "pw1.weight")}
+    xs, ys = data()
+    for x, y in zip(xs, ys):
+        sim.step(x, y)
+    masks = torch_masks(module, scheme, ("fc.bias",), {v: k for k, v in names.items()},
+                        ("fc.weight",) if matmul else ())
+    expected = torch_train(module, masks, xs, ys, 0.05, 0.9, 0.0, 1)
+    for n in ("fc.weight", "pw1.weight", "fc.bias"):
+        got, want, mask = sim.params()[names[n]], expected[n], masks[n].numpy().astype(bool)
+        if got.shape != want.shape:   # a MatMul head stores the weight [in, out]
+            got = got.T
+            if n in initial:
+                initial[n] = initial[n].T
+        assert np.abs(got[mask] - want[mask]).max() <= RTOL * np.abs(want[mask]).max(), n
+        if n in initial:
+            assert np.array_equal(got[~mask], initial[n][~mask]), "%s frozen channels changed" % n
+
+
 def test_state_only_for_trained_channels(models):
     """With batch 1 the momentum of a channel-sparse weight holds only its trained channels."""
-    _, paths = models
+    _, paths = models[False]
     plan = microtrain.compile(paths["ts13"], update=SCHEME, momentum=0.9)
     names = onnx_names(microtrain.compile(paths["ts13"], update="none"))
     mom = {}
@@ -170,7 +213,7 @@ def test_state_only_for_trained_channels(models):
 
 
 def test_scheme_file_and_errors(models, tmp_path):
-    _, paths = models
+    _, paths = models[False]
     one = tmp_path / "one.json"
     one.write_text(json.dumps(SCHEME))
     many = tmp_path / "many.schemes.json"
