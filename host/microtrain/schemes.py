@@ -14,7 +14,8 @@ not a conv). An entry's `initializer` must name that conv's weight (or bias) in 
 when both are given they must agree, so a scheme for another model fails loudly. Channels:
 `selected_channels` when given, else `select` "magnitude+" (the round-down ratio*C channels of
 largest L2 norm, as MIT's algorithm) or "first" (the first round(ratio*C), as MIT's compile-time
-engine). Ratio 1 trains the whole weight; ratio 0 does not train it.
+engine); "all" (ratio 1) the whole weight. Ratio 1 trains the whole weight; ratio 0 does not
+train it.
 
 resolve_scheme returns (trainable names, {weight name: (axis, sorted channel tuple)}) for the
 weights that train on part of their channels.
@@ -25,7 +26,7 @@ import json
 
 import numpy as np
 
-SELECTS = ("magnitude+", "first")
+SELECTS = ("magnitude+", "first", "all")
 
 
 def is_scheme_file(path):
@@ -147,7 +148,11 @@ def _channels(graph, n, value, entry, where):
         select = entry.get("select", "magnitude+")
         if select not in SELECTS:
             raise ValueError("%s: select %r of %r: use one of %s" % (where, select, value, ", ".join(SELECTS)))
-        if select == "first":
+        if select == "all" and ratio != 1:
+            raise ValueError("%s: select 'all' of %r with ratio %r: 'all' means ratio 1" % (where, value, ratio))
+        if select == "all":
+            sel = list(range(C))
+        elif select == "first":
             sel = list(range(int(round(ratio * C))))
         else:   # MIT: argsort(-norm)[:int(ratio*C)], the norm over everything but the channel axis
             norm = np.sqrt((np.moveaxis(data, axis, 0).reshape(C, -1) ** 2).sum(1))
