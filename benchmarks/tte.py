@@ -33,13 +33,13 @@ def kb(n):
     return n / 1024
 
 
-def measure(onnx_path, schemes_path, scheme, calib, momentum):
+def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="int8"):
     """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
     quantize: its plan is float32 with float input."""
     q = {} if scheme == "full" else dict(quantize="int8", calibration=calib, input_dtype="uint8",
                                          input_quant=(1 / 127.5, 128))
     t = time.time()
-    plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, **q)
+    plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved, **q)
     seconds = time.time() - t
     r = plan.report()
     peak = alive_at_peak(plan)
@@ -57,6 +57,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calibration", type=int, default=32, help="calibration images")
     ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--saved", choices=["float32", "int8"], default="int8",
+                    help="how ReLU6 outputs are kept for the backward (compile(saved=...))")
     ap.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")
     ap.add_argument("--json", metavar="FILE", default=None, help="also write the results here (e.g. bench/tte.json)")
     ap.add_argument("--top", type=int, default=4, help="tensors alive at the peak to print")
@@ -77,8 +79,8 @@ def main():
         for s in schemes:
             if want and s["scheme"] not in want:
                 continue
-            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum)
-            r.update(model=model, scheme=s["scheme"], momentum=args.momentum,
+            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved)
+            r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved,
                      mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
                      mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
             rows.append(r)

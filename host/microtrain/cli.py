@@ -36,7 +36,8 @@ def _compile(args):
     plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
                    weight_decay=args.weight_decay, batch=args.batch, planner=args.planner,
                    clip_grad=args.clip_grad, quantize=args.quantize, calibration=calibration,
-                   input_dtype=args.input_dtype, int8_scope=args.int8_scope, scheme=args.scheme)
+                   input_dtype=args.input_dtype, int8_scope=args.int8_scope, scheme=args.scheme,
+                   saved=args.saved)
     fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
@@ -277,6 +278,9 @@ def parser():
                    help="what trains: last-layer, bias (every bias), last:K (the last K layers), full, none (an "
                    "inference-only plan), a JSON file listing initializer names, or a MIT sparse-update scheme "
                    "(JSON: one entry of a *.schemes.json `schemes` list, or the whole file with --scheme)")
+    c.add_argument("--saved", choices=["float32", "int8"], default="float32",
+                   help="int8: keep the ReLU6 outputs the backward reads as int8 (a quarter of the bytes; as an "
+                   "int8 model, outputs within half a step of the clamp pass no gradient). docs/sparse.md")
     c.add_argument("--scheme", metavar="NAME", default=None,
                    help="the scheme of a *.schemes.json --update file to use (for example 49kb); docs/sparse.md")
     c.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"],

@@ -41,12 +41,13 @@ def optimizer_state(tensors, ops):
 
 
 QUANTIZE = (None, "int8")
+SAVED = ("float32", "int8")
 INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 
 
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
-            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None):
+            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32"):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -68,7 +69,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     quantization: the input's, or input_quant=(scale, zero_point)). int8_scope: "prefix" runs int8
     only what comes before the first trainable layer, "frozen" every frozen layer (gradients then
     pass through int8 layers in float). docs/quantization.md.
+    saved: "int8" keeps the ReLU6 (Clip(0, hi)) outputs the backward reads as int8 copies, a
+    quarter of the float bytes; outputs within half an int8 step of 0 or hi then pass no gradient,
+    as in an int8 model (docs/sparse.md).
     """
+    if saved not in SAVED:
+        raise ValueError("unknown saved %r; use one of %s" % (saved, ", ".join(SAVED)))
     if loss not in LOSSES:
         raise ValueError("unknown loss %r; use one of %s" % (loss, ", ".join(LOSSES)))
     if planner not in PLANNERS:
@@ -117,7 +123,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                          "model" % input_dtype)
     return build_plan(graph, trainable, loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, update=update, input_dtype=INPUT_DTYPES[input_dtype],
-                      clip_grad=clip_grad, channels=channels,
+                      clip_grad=clip_grad, channels=channels, saved=saved,
                       update_meta=update if scheme is None else "%s:%s" % (update, scheme))
 
 
@@ -131,14 +137,14 @@ def resolve_selection(graph, update, scheme=None):
 
 
 def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="greedy", guard=0,
-               update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None):
+               update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None, saved="float32"):
     """The Plan of an IR graph (ir.Graph): the training step for `trainable` (a set of parameter
     names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
     # every tensor can be read after a step (debugging, tests)
     channels = channels or {}
     tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive",
-                                  clip_grad=clip_grad, channels=channels)
+                                  clip_grad=clip_grad, channels=channels, saved=saved)
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
         raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
                          "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")
@@ -170,6 +176,7 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         "optimizer": optimizer_state(tensors, ops),
         "planner": planner,
         "clip_grad": clip_grad,
+        "saved": saved,
         # tensors that share another's memory (views, ops run in place): index -> index of the owner
         "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},
     }

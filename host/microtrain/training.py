@@ -20,7 +20,7 @@ import numpy as np
 
 from . import format as F
 from . import q8_rules
-from .ir import Graph
+from .ir import Graph, Quant
 
 
 @dataclass
@@ -61,8 +61,11 @@ def f32_bits(v):
 
 
 class Builder:
-    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None):
+    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None,
+                 saved="float32"):
         self.g = graph
+        self.saved = saved                      # "int8": ReLU6 outputs kept for backward as int8 (Clip rule)
+        self.saved_q = {}                       # value name -> its int8 copy
         self.clip_grad = clip_grad
         self.trainable = set(trainable)
         self.channels = dict(channels or {})   # weight -> (axis, channels): trains on those channels only
@@ -165,6 +168,15 @@ class Builder:
             for p in (n.weight(), n.bias()):
                 if p in self.trainable:
                     self.users[p] = self.users.get(p, 0) + 1
+        # which values need a gradient: those downstream of a trainable parameter
+        # (a view needs one when its source does, so views are resolved as each node is
+        # reached: a view feeding a parameterless op must not cut the gradient). Known before
+        # the forward ops, which may save a compact copy of what the backward will read.
+        self.needs = set(self.trainable)
+        for n in nodes:
+            if any(self.needs_grad(i) for i in n.inputs if i):
+                self.needs.add(n.output)
+        self.needs.update(name for name in self.g.values if self.needs_grad(name))
         x = self.value_tensor(self.g.input)
         self.tensors[x].flags |= F.TFLAGS["INPUT"]
         for n in nodes:
@@ -178,14 +190,6 @@ class Builder:
         self.target, self.output, self.input = target, out, x
         if not self.trainable:   # an inference-only plan: the forward ops alone
             return self.tensors, self.ops
-        # which values need a gradient: those downstream of a trainable parameter
-        # (a view needs one when its source does, so views are resolved as each node is
-        # reached: a view feeding a parameterless op must not cut the gradient)
-        self.needs = set(self.trainable)
-        for n in nodes:
-            if any(self.needs_grad(i) for i in n.inputs if i):
-                self.needs.add(n.output)
-        self.needs.update(name for name in self.g.values if self.needs_grad(name))
         dout = self.grad_tensor(self.g.output, out)
         self.op("SOFTMAX_CE" if self.loss == "cross-entropy" else "MSE", "TRAIN", [out, target, dout], source="loss")
         self.contribute(self.g.output, dout)   # the output may be a view (Flatten last): reach its source
@@ -365,13 +369,36 @@ class Clip:
         return [f32_bits(n.attrs["lo"]), f32_bits(n.attrs["hi"])]
 
     def forward(self, b, n, ins, y):
-        return b.op("CLIP", "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
+        op = b.op("CLIP", "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
+        lo, hi = n.attrs["lo"], n.attrs["hi"]
+        if b.saved == "int8" and b.wants(n.inputs[0]) and lo == 0 and math.isfinite(hi) and hi > 0 \
+                and self.only_clip_bwd_reads(b, n.output):
+            # the backward needs only where 0 < y < hi: an int8 copy, 0 -> -128 and hi -> 127, lets the
+            # float y go after its forward readers (MIT saves int8 outputs too); y within half a step of
+            # 0 or hi then counts as clamped (the fake-quantized model's gradient, docs/sparse.md)
+            t = b.tensors[y]
+            q = b.tensor(TTensor(n.output + "@int8", t.shape, dtype="I8", onnx_shape=t.onnx_shape,
+                                 quant=Quant(np.float32(hi / 255.0), -128)))
+            b.op("QUANTIZE", "FORWARD", [y, q], [], n.onnx_name)
+            b.saved_q[n.output] = q
+        return op
+
+    @staticmethod
+    def only_clip_bwd_reads(b, name):
+        """Whether the backward reads value `name` only for this Clip's mask: every reader is a
+        layer whose weight does not train (its backward reads dy and the weight, not x)."""
+        users = b.g.consumers(name)
+        return bool(users) and all(u.op in ("conv", "gemm") and u.inputs[0] == name and u.weight() not in b.trainable
+                                   for u in users)
 
     def backward(self, b, n, ins, dy):
         x = n.inputs[0]
         if b.wants(x):
             dx = b.grad_tensor(x, ins[0])
-            b.op("CLIP_BWD", "TRAIN", [b.index[n.output], dy, dx], self.attrs(n), n.onnx_name)
+            if n.output in b.saved_q:
+                b.op("CLIP_BWD_Q8", "TRAIN", [b.saved_q[n.output], dy, dx], [-128, 127], n.onnx_name)
+            else:
+                b.op("CLIP_BWD", "TRAIN", [b.index[n.output], dy, dx], self.attrs(n), n.onnx_name)
             b.contribute(x, dx)
 
 
@@ -465,11 +492,13 @@ def macs_total(ops):
     return sum(o.macs for o in ops)
 
 
-def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None):
+def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None,
+                   saved="float32"):
     """(tensors, ops) of the training step (the forward ops alone when nothing trains).
     inplace=False gives every value its own tensor memory; clip_grad: the largest L2 norm of
     the batch's gradient over all trainable parameters, or None; channels: {weight: (axis,
-    channels)} for weights that train on some channels only (schemes.py)."""
+    channels)} for weights that train on some channels only (schemes.py); saved: "int8" keeps
+    ReLU6 outputs for the backward as int8 (Clip rule)."""
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
-    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad, channels).build()
+    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad, channels, saved).build()
