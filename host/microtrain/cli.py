@@ -33,11 +33,18 @@ def _compile(args):
     if args.quantize and calibration is None:
         raise ValueError("--quantize int8 needs --calibration CALIB.npz: typical inputs (array x, samples first) "
                          "to set the int8 scales from")
-    plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
-                   weight_decay=args.weight_decay, batch=args.batch, planner=args.planner,
-                   clip_grad=args.clip_grad, quantize=args.quantize, calibration=calibration,
-                   input_dtype=args.input_dtype, int8_scope=args.int8_scope, scheme=args.scheme,
+    options = dict(loss=args.loss, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                   batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
+                   calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
                    saved=args.saved)
+    if args.budget is not None:
+        if args.update != "last-layer" or args.scheme:
+            raise ValueError("--budget chooses what trains: give it without --update/--scheme")
+        from .budget import choose
+        scheme, plan = choose(args.model, args.budget, log=lambda line: print("budget: " + line), **options)
+        print("budget: scheme " + json.dumps(scheme))
+    else:
+        plan = compile(args.model, update=args.update, scheme=args.scheme, **options)
     fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
@@ -281,6 +288,9 @@ def parser():
     c.add_argument("--saved", choices=["float32", "int8"], default="float32",
                    help="int8: keep the ReLU6 outputs the backward reads as int8 (a quarter of the bytes; as an "
                    "int8 model, outputs within half a step of the clamp pass no gradient). docs/sparse.md")
+    c.add_argument("--budget", metavar="SIZE", default=None,
+                   help="choose what trains so that peak RAM fits SIZE (e.g. 200KB): the classifier, the biases "
+                   "of the last convs, then input-channel fractions of their weights (docs/sparse.md)")
     c.add_argument("--scheme", metavar="NAME", default=None,
                    help="the scheme of a *.schemes.json --update file to use (for example 49kb); docs/sparse.md")
     c.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"],

@@ -47,7 +47,7 @@ INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
-            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32"):
+            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -71,8 +71,16 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     pass through int8 layers in float). docs/quantization.md.
     saved: "int8" keeps the ReLU6 (Clip(0, hi)) outputs the backward reads as int8 copies, a
     quarter of the float bytes; outputs within half an int8 step of 0 or hi then pass no gradient,
-    as in an int8 model (docs/sparse.md).
+    as in an int8 model (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
+    of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen).
     """
+    if budget is not None:   # choose what trains (budget.py), then the plan of that choice
+        from .budget import choose
+        if update != "last-layer" or scheme is not None:
+            raise ValueError("budget chooses what trains: give it without update/scheme")
+        return choose(model, budget, loss=loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
+                      planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
+                      input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved)[1]
     if saved not in SAVED:
         raise ValueError("unknown saved %r; use one of %s" % (saved, ", ".join(SAVED)))
     if loss not in LOSSES:
@@ -159,7 +167,7 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     meta = {
         "microtrain": __version__,
         "update": update_meta if isinstance(update_meta, str) else update if isinstance(update, str)
-        else "scheme" if isinstance(update, dict) else sorted(update),
+        else update if isinstance(update, dict) else sorted(update),
         # weights that train on some channels only: axis (0 output, 1 input channels) and channels
         "channels": {p: {"axis": a, "channels": list(c)} for p, (a, c) in sorted(channels.items())},
         "input": {"name": graph.input, "shape": [1] + list(values[graph.input].onnx_shape[1:])},
