@@ -294,3 +294,14 @@ def test_scheme_file_and_errors(models, tmp_path):
         microtrain.compile(paths["ts13"], update=bad)
     with pytest.raises(ValueError, match="would decay the frozen channels"):
         microtrain.compile(paths["ts13"], update=SCHEME, batch=4, weight_decay=0.01)
+
+
+def test_optimizer_meta_lists_every_momentum_part(models):
+    _, paths = models[False]
+    plan = microtrain.compile(paths["ts13"], update=SCHEME, momentum=0.9)
+    names = onnx_names(microtrain.compile(paths["ts13"], update="none"))
+    parts = plan.meta["optimizer"][names["pw1.weight"]]["momentum"]
+    # channels 0, 2, 3, 7: runs [0:1], [2:4], [7:8]
+    assert [plan.tensors[i]["name"] for i in parts] == ["mom(%s)[%s]" % (names["pw1.weight"], r)
+                                                        for r in ("0:1", "2:4", "7:8")]
+    assert isinstance(plan.meta["optimizer"][names["fc.weight"]]["momentum"], int)

@@ -27,7 +27,8 @@ def _positive_float(name, v, allow_zero=True):
 
 def optimizer_state(tensors, ops):
     """{parameter: {"momentum": tensor index or None, "accumulator": tensor index or None}}, from
-    the ops that update parameters (their "w" slot is the parameter, "m" and "acc" its state)."""
+    the ops that update parameters (their "w" slot is the parameter, "m" and "acc" its state); a
+    list of indices where a channel-sparse weight has a momentum per channel run."""
     out = {}
     for o in ops:
         slot = {s.name: (s.role, t) for s, t in zip(o.spec.slots, o.slots)}
@@ -35,8 +36,11 @@ def optimizer_state(tensors, ops):
             continue
         state = out.setdefault(tensors[slot["w"][1]].name, {"momentum": None, "accumulator": None})
         for name, key in (("m", "momentum"), ("acc", "accumulator")):
-            if slot[name][1] is not None:
-                state[key] = slot[name][1]
+            t = slot[name][1]
+            if t is None or t == state[key] or (isinstance(state[key], list) and t in state[key]):
+                continue
+            # a channel-sparse weight has one momentum per channel run: their list
+            state[key] = t if state[key] is None else (state[key] if isinstance(state[key], list) else [state[key]]) + [t]
     return out
 
 
