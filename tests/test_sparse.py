@@ -276,6 +276,10 @@ def test_scheme_file_and_errors(models, tmp_path):
     a = microtrain.compile(paths["ts13"], update=str(one))
     b = microtrain.compile(paths["ts13"], update=str(many), scheme="test")
     assert a.meta["channels"] == b.meta["channels"] and a.meta["channels"]
+    broken = tmp_path / "broken.json"
+    broken.write_text("{\"schemes\": [")
+    with pytest.raises(ValueError, match="scheme file .*broken.json is not valid JSON"):
+        microtrain.compile(paths["ts13"], update=str(broken), scheme="test")
     with pytest.raises(ValueError, match="choose one with --scheme"):
         microtrain.compile(paths["ts13"], update=str(many))
     with pytest.raises(ValueError, match="no scheme 'nope'; its schemes are: test, other"):

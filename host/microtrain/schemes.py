@@ -45,14 +45,9 @@ def load_scheme(update, scheme=None):
     doc = update
     where = "the scheme"
     if isinstance(update, str):
+        from .update import load_json
         where = update
-        try:
-            with open(update) as f:
-                doc = json.load(f)
-        except OSError as e:
-            raise ValueError("cannot read scheme file %s: %s" % (update, e.strerror)) from e
-        except json.JSONDecodeError as e:
-            raise ValueError("scheme file %s is not valid JSON: %s" % (update, e)) from e
+        doc = load_json(update, "scheme file")
     if not isinstance(doc, dict):
         raise ValueError("%s must hold a JSON object: one scheme, or a file with a \"schemes\" list" % where)
     if "schemes" in doc:
