@@ -92,9 +92,10 @@ def torch_masks(model, scheme=SCHEME, whole=("fc.weight", "fc.bias", "dw.bias", 
     return masks
 
 
-def torch_train(module, masks, xs, ys, lr, momentum, weight_decay, batch):
+def torch_train(module, masks, xs, ys, lr, momentum, weight_decay, batch, clip_grad=None):
     """PyTorch SGD (g = grad + wd*w; m = mu*m + g; w -= lr*m) on autograd's gradient of the mean
-    loss, gradient and weight decay both restricted to the trained channels (mask)."""
+    loss, gradient and weight decay both restricted to the trained channels (mask); clip_grad:
+    torch.nn.utils.clip_grad_norm_ of the masked gradients first."""
     model = copy.deepcopy(module).double()
     params = dict(model.named_parameters())
     bufs = {n: torch.zeros_like(p) for n, p in params.items()}
@@ -103,6 +104,10 @@ def torch_train(module, masks, xs, ys, lr, momentum, weight_decay, batch):
         out = model(torch.from_numpy(xs[i:i + batch]).double())
         F.cross_entropy(out, torch.as_tensor(ys[i:i + batch])).backward()
         with torch.no_grad():
+            for n, p in params.items():
+                p.grad *= masks[n]
+            if clip_grad:
+                torch.nn.utils.clip_grad_norm_([p for n, p in params.items() if masks[n].any()], clip_grad)
             for n, p in params.items():
                 g = (p.grad + weight_decay * p) * masks[n]
                 bufs[n] = momentum * bufs[n] + g if momentum else g
@@ -137,12 +142,14 @@ def onnx_names(plan):
 
 
 @pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
-@pytest.mark.parametrize("batch,momentum,weight_decay", [(1, 0.9, 0.0), (1, 0.0, 0.01), (4, 0.9, 0.0)])
-def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weight_decay):
+@pytest.mark.parametrize("batch,momentum,weight_decay,clip", [(1, 0.9, 0.0, None), (1, 0.0, 0.01, None),
+                                                             (4, 0.9, 0.0, None), (1, 0.9, 0.0, 0.5)])
+def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weight_decay, clip):
+    """clip 0.5: gradient clipping, so every gradient goes through a whole-weight accumulator."""
     module, paths = models[False]
     lr = 0.05
     plan = microtrain.compile(paths[exporter], update=SCHEME, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                              batch=batch)
+                              batch=batch, clip_grad=clip)
     frozen_plan = microtrain.compile(paths[exporter], update="none")
     names = onnx_names(frozen_plan)
     sim = microtrain.Simulator(plan)
@@ -151,7 +158,7 @@ def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weigh
     for x, y in zip(xs, ys):
         sim.step(x, y)
     masks = torch_masks(module)
-    expected = torch_train(module, masks, xs, ys, lr, momentum, weight_decay, batch)
+    expected = torch_train(module, masks, xs, ys, lr, momentum, weight_decay, batch, clip)
     params = sim.params()
     assert set(params) == {names[n] for n in names if masks[n].any()}
     for n, m in masks.items():
