@@ -434,7 +434,9 @@ def natmod_header(target):
         mpy = binascii.b2a_base64(f.read(), newline=False).decode()
     package = {}
     pkg_root = mptargets.PACKAGE
-    for path in sorted(glob.glob(os.path.join(pkg_root, "microtrain", "*.py"))):
+    # the package's __init__ only: the serial server's modules (serve.py...) are the serial
+    # tests' business, and a 140 KB heap cannot compile them into every test script
+    for path in [os.path.join(pkg_root, "microtrain", "__init__.py")]:
         with open(path, "rb") as f:
             package[os.path.relpath(path, pkg_root)] = f.read()
     return "NATMOD_MPY = %r\nNATMOD_PACKAGE = %r\n" % (mpy, package)

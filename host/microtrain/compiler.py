@@ -15,6 +15,9 @@ LOSSES = ("cross-entropy", "mse")
 PLANNERS = ("greedy", "naive")
 
 
+FLT32_MIN_NORMAL = 2.0 ** -126   # the smallest normal float32
+
+
 def _positive_float(name, v, allow_zero=True):
     try:
         f = float(v)
@@ -103,6 +106,9 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     weight_decay = _positive_float("weight_decay", weight_decay)
     if clip_grad is not None:
         clip_grad = _positive_float("clip_grad", clip_grad, allow_zero=False)
+        if clip_grad < FLT32_MIN_NORMAL:   # the core refuses subnormal float32 bounds (mt_f32_positive_normal)
+            raise ValueError("clip_grad must be at least %g (the smallest normal float32), got %r"
+                             % (FLT32_MIN_NORMAL, clip_grad))
     if momentum >= 1:
         raise ValueError("momentum must be below 1, got %r" % momentum)
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 65535:

@@ -195,6 +195,7 @@ uint16_t mt_rd_u16(const uint8_t *p);
 void mt_wr_u32(uint8_t *p, uint32_t v);
 float mt_f32_from_bits(int32_t bits);
 int mt_f32_finite(float f);
+int mt_f32_positive_normal(float f);
 int mt_all_finite(const float *p, uint32_t n);
 const char *mt_name_of(const mt_ctx_t *ctx, uint32_t name_off, uint32_t *len);
 const mt_param_rec_t *mt_param_rec(const mt_ctx_t *ctx, uint32_t k);
