@@ -132,11 +132,6 @@ def _report(args):
     from .peak import alive_at_peak
     plan = load_plan(args.plan)
     r = plan.report()
-    peak = alive_at_peak(plan)   # what bounds the arena: the op with the most live bytes, and those tensors
-    r["arena_peak"] = {"op": peak["op"], "op_name": peak["op_name"], "phase": peak["phase"],
-                       "live_bytes": peak["live_bytes"],
-                       "tensors": [{"name": n, "bytes": b, "dtype": d} for n, b, d, _, _ in peak["tensors"]]}
-    r["channels"] = plan.meta.get("channels", {})
     fit = _board_check(r, args.board)
     if args.svg:
         from .svg import arena_svg
@@ -146,11 +141,11 @@ def _report(args):
         print(json.dumps(r, indent=1))
     else:
         print_report(r)
-        a = r["arena_peak"]
+        a = alive_at_peak(plan)   # what bounds the arena: the op with the most live bytes, and those tensors
         print("arena peak      %s live at op %d %s (%s): %s" % (
             _kb(a["live_bytes"]), a["op"], a["op_name"], a["phase"].lower(),
-            ", ".join("%s %s" % (t["name"], _kb(t["bytes"])) for t in a["tensors"])))
-        for name, c in sorted(r["channels"].items()):
+            ", ".join("%s %s" % (n, _kb(b)) for n, b, _, _, _ in a["tensors"])))
+        for name, c in sorted(plan.meta.get("channels", {}).items()):
             print("channels        %s: %d %s channels of %d" % (
                 name, len(c["channels"]), "input" if c["axis"] == 1 else "output",
                 plan.meta["param_shapes"][name][c["axis"]]))
