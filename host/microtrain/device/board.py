@@ -198,7 +198,7 @@ class Board:
         """Stop the server (back to the friendly REPL) and close the port."""
         try:
             if quit:
-                self.link.request(P.QUIT, timeout=2)
+                self.link.request(P.QUIT, retries=4)
                 # the raw REPL ends the run with \x04 (output) \x04 (errors) and its prompt
                 deadline = time.monotonic() + 2
                 while b"\x04\x04>" not in self.link.rx and self.link._fill(deadline):
@@ -231,7 +231,7 @@ class Board:
             self._plan = Plan(bytes(data))
         return self._plan
 
-    def _sized(self, kind, build, timeout=5.0, ack=False):
+    def _sized(self, kind, build, timeout=0.0, ack=False, expect=None):
         """A command whose frame may be cut to any size (every such command is idempotent):
         build(size) gives (payload, n) for a frame of about size bytes. A frame that has
         to be resent makes the next ones smaller, and one that keeps failing is cut
@@ -243,7 +243,8 @@ class Board:
             at_floor = self.sizer.size <= self.sizer.floor
             try:
                 reply = self.link.request(kind, payload, timeout=timeout(n) if callable(timeout) else timeout,
-                                          ack=ack, retries=None if at_floor else 4)
+                                          ack=ack, retries=None if at_floor else 4,
+                                          expect=expect(n) if callable(expect) else expect)
             except BoardReset:
                 raise
             except LinkError:
@@ -343,12 +344,13 @@ class Board:
         def build(size):
             n = self.rows(size, x, y)
             return struct.pack(P.TRAIN_HEAD, start, n, flags) + x[:n].tobytes() + y[:n].tobytes(), n
-        t0 = time.monotonic()
-        reply, n = self._sized(P.TRAIN, build, timeout=lambda n: 2.0 + 5 * self.sample_time * n, ack=True)
+        before = self.link.stats.resent
+        reply, n = self._sized(P.TRAIN, build, timeout=lambda n: 2.0 + 5 * self.sample_time * n, ack=True,
+                               expect=lambda n: 1.5 * self.sample_time * n + 0.02)
         r = struct.unpack(P.TRAIN_REPLY, reply)
-        if r[1]:
-            wire = self.link.send_time(n * (x.shape[1] + y.shape[1]) * 4)
-            self.sample_time = max(1e-4, (time.monotonic() - t0 - wire) / r[1])
+        if r[1] and self.link.stats.resent == before and P.TRAIN in self.link.work:
+            # the board's time from ACK to answer, measured on a clean exchange
+            self.sample_time = max(1e-5, self.link.work[P.TRAIN] / r[1])
         return r
 
     def save(self, pause_at=None):
@@ -394,7 +396,7 @@ class Board:
         """The trainable parameters now, by ONNX initializer name, in ONNX shapes."""
         shapes = self.plan().meta.get("param_shapes", {})
         out = {}
-        for k, (name, nbytes) in enumerate(self.link.request_json(P.PARAMS, timeout=10)):
+        for k, (name, nbytes) in enumerate(self.link.request_json(P.PARAMS, timeout=10, ack=True)):
             data = bytearray()
             while len(data) < nbytes:
                 left = nbytes - len(data)

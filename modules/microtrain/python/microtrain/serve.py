@@ -35,6 +35,7 @@ ROM_PLAN_PATH = "/rom/" + PLAN_PATH
 PLAN_NEW = DIR + "/plan.new"
 CKPT_PATH = DIR + "/ckpt.bin"
 QUIET_MS = 30           # after a bad frame: the line is quiet after this long
+TAIL = 16               # a frame's last bytes are read one by one (see read_exact)
 
 
 def _exists(path):
@@ -150,16 +151,35 @@ class Server:
             if prev == 0xA5 and one[0] == 0x5A:
                 break
             prev = one[0]
-        rx.readinto(self.head_rest, P.HEADER_LEN - 2)
+        if not self.read_exact(self.head_rest, P.HEADER_LEN - 2):
+            return self.reject()
         head = P.parse_header(self.buf)
         if head is None:
             return self.reject()
         kind, flags, seq, n = head
-        rx.readinto(self.body, n + P.CRC_LEN)
+        if not self.read_exact(self.body, n + P.CRC_LEN):
+            return self.reject()
         payload = self.body[:n]
         if struct.unpack_from("<I", self.buf, P.HEADER_LEN + n)[0] != P.frame_crc(self.buf, payload):
             return self.reject()
         return kind, flags, seq, payload
+
+    def read_exact(self, mv, n):
+        """Read n bytes into mv; False if the line goes quiet first (bytes were dropped).
+        All but the last TAIL bytes in one blocking read (a frame short of at most TAIL
+        bytes still has them); the last ones byte by byte, each waited for QUIET_MS, so
+        a frame that lost bytes is answered with NAK at once, not when the host resends."""
+        rx, one, poll = self.rx, self.one, self.poll
+        i = n - TAIL if n > TAIL else 0
+        if i:
+            rx.readinto(mv, i)
+        while i < n:
+            if not poll.poll(QUIET_MS):
+                return False
+            rx.readinto(one, 1)
+            mv[i] = one[0]
+            i += 1
+        return True
 
     def reject(self):
         """A frame failed: wait for the line to go quiet, then ask for a resend."""
