@@ -74,6 +74,41 @@ def tied(seed=2):
                   [1, 4], [1, 4], "tied")
 
 
+def int8_net(seed=7):
+    """conv-relu, depthwise conv-relu6 with a residual add, 3x3 max pooling, 2x2 average pooling,
+    global average pooling, Gemm-relu-Gemm: every int8 op and, trained through, their backward."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "c.weight", "c.bias"], ["a"], pads=[1, 1, 1, 1], name="c"),
+             helper.make_node("Relu", ["a"], ["ar"], name="r1"),
+             helper.make_node("Conv", ["ar", "dw.weight", "dw.bias"], ["d"], pads=[1, 1, 1, 1], group=4, name="dw"),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["d6"], name="relu6"),
+             helper.make_node("Add", ["ar", "d6"], ["s"], name="res"),
+             helper.make_node("MaxPool", ["s"], ["m"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="max"),
+             helper.make_node("AveragePool", ["m"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="avg"),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "fc1.weight", "fc1.bias"], ["h"], transB=1, name="fc1"),
+             helper.make_node("Relu", ["h"], ["hr"], name="r2"),
+             helper.make_node("Gemm", ["hr", "fc2.weight", "fc2.bias"], ["y"], transB=1, name="fc2")]
+    return _model(nodes, {"c.weight": w(4, 1, 3, 3), "c.bias": w(4), "dw.weight": w(4, 1, 3, 3), "dw.bias": w(4),
+                          "lo": np.float32(0), "hi": np.float32(6), "fc1.weight": w(6, 4), "fc1.bias": w(6),
+                          "fc2.weight": w(3, 6), "fc2.bias": w(3)}, [1, 1, 6, 6], [1, 3], "int8_net")
+
+
+def int8_seeds(c):
+    """int8 plans of int8_net (docs/quantization.md): trained through every frozen int8 layer, and
+    an int8 prefix with uint8 input ahead of a float last layer."""
+    calib = np.random.default_rng(0).normal(0, 1, (16, 1, 6, 6)).astype(np.float32)
+    q = dict(quantize="int8", calibration=calib)
+    return {
+        "int8_through_frozen": c(int8_net(), update=["c.weight", "c.bias", "fc2.weight", "fc2.bias"], lr=0.05,
+                                 int8_scope="frozen", **q),
+        "int8_prefix_uint8_input": c(int8_net(seed=8), update="last-layer", lr=0.05, momentum=0.9,
+                                     input_dtype="uint8", input_quant=(1 / 255, 0), **q),
+    }
+
+
 def seeds():
     """{name: Plan}"""
     mlp, cnn = models.mlp, models.cnn
@@ -102,6 +137,7 @@ def seeds():
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
     }
+    out.update(int8_seeds(c))
     return out
 
 
