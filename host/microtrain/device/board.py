@@ -25,22 +25,16 @@ from .errors import BoardReset, DataError, FirmwareError, LinkError, NoDevice, P
 from .link import Link
 from .ports import describe_ports
 
-# Run in the raw REPL before the server starts: is the module there, and a filesystem?
-CHECK = """import sys, os
-try:
+# Starts the server through the raw REPL: short, since the REPL has no checksums
+START = "import microtrain\nmicrotrain.serve()\n"
+# Run in the raw REPL when the server did not answer: is the module there at all?
+CHECK = """try:
     import microtrain
     m = hasattr(microtrain, 'Trainer') and hasattr(microtrain, 'serve')
 except ImportError:
     m = False
-try:
-    import vfs
-    fs = len(vfs.mount()) > 0
-except (ImportError, TypeError):
-    fs = True
-print(repr({'module': m, 'platform': sys.platform, 'fs': fs}))
+print(repr(m))
 """
-MOUNT_RAMDISK = "from microtrain import ramdisk\nramdisk.mount()\n"
-START = "import microtrain\nmicrotrain.serve()\n"
 
 # Bytes that a REPL acts on (Ctrl-A..E, CR, LF, ESC): the first frame sent to a board
 # whose state is unknown avoids them, so that if a REPL reads it instead of the
@@ -145,11 +139,18 @@ class Board:
             if facts is not None:
                 break
             try:
-                self._start_server()
-            except (TransportError, LinkError, SyntaxError, ValueError) as e:
+                self._enter_raw_repl()
+                self.transport.exec_raw_no_follow(START)
+                self.link.rx.clear()
+            except (TransportError, LinkError) as e:
                 err = e
                 continue
-            facts = self._hello(tries=8, wait=1.0)
+            facts = self._hello(tries=6, wait=1.0)
+            if facts is None:
+                try:                # why not? FirmwareError when the module is missing
+                    self._check_module()
+                except (TransportError, LinkError, SyntaxError, ValueError) as e:
+                    err = e
         if facts is None:
             raise LinkError("the board on %s does not answer microtrain's server (%s)"
                             % (self.port, str(err).strip()[-200:] if err else "no answer after starting it"))
@@ -167,7 +168,7 @@ class Board:
             raise LinkError("the board's REPL failed running microtrain's set-up on %s: %s"
                             % (self.port, str(e).strip()[-200:])) from e
 
-    def _start_server(self):
+    def _enter_raw_repl(self):
         from mpremote.transport import TransportError
         t = self.transport
         for attempt in range(3):
@@ -184,15 +185,14 @@ class Board:
             except TransportError as e:
                 if attempt == 2:
                     raise NoDevice("no MicroPython REPL answers on %s (%s)" % (self.port, describe_ports())) from e
-        state = ast.literal_eval(self._exec(CHECK).decode().strip())
-        if not state["module"]:
+
+    def _check_module(self):
+        """FirmwareError if the board's firmware has no microtrain module."""
+        self._enter_raw_repl()
+        if not ast.literal_eval(self._exec(CHECK).decode().strip()):
             raise FirmwareError("the firmware on %s has no microtrain module: flash firmware built with it "
                                 "(firmware/README.md) or copy _microtrain.mpy and the microtrain package "
                                 "with mpremote" % self.port)
-        if not state["fs"] and state["platform"] == "qemu":
-            self._exec(MOUNT_RAMDISK)
-        t.exec_raw_no_follow(START)
-        self.link.rx.clear()
 
     def close(self, quit=True):
         """Stop the server (back to the friendly REPL) and close the port."""

@@ -15,7 +15,7 @@ from .errors import BoardError, BoardReset, LinkError
 REPL_SIGNS = (b"MicroPython v", b"raw REPL; CTRL-B", b"\n>>> ", b"Traceback (most recent call last)")
 POLL = 0.005            # seconds of one wait for bytes
 BAD = ("bad",)          # next_frame: a damaged frame went by
-QUIET = 0.04            # seconds without a byte in the middle of a frame: its bytes were dropped
+QUIET = 0.02            # seconds without a byte in the middle of a frame: its bytes were dropped
 RTO_MIN, RTO_MAX = 0.05, 2.0    # bounds of the latency part of a resend timer (seconds)
 
 
@@ -43,7 +43,7 @@ class Link:
 
     def __init__(self, port, byte_time=1e-4, retries=30, stats=None):
         self.port = port
-        self.byte_time = byte_time      # seconds per byte, as measured (the slowest recent)
+        self.byte_time = self.min_byte_time = byte_time   # seconds per byte: as measured, at least the baud rate's
         self.retries = retries
         self.stats = stats or Stats()
         self.seq = random.randrange(1 << 16)
@@ -125,11 +125,12 @@ class Link:
         return nbytes * self.byte_time
 
     def _measured(self, nbytes, seconds):
-        """An exchange of nbytes took seconds: keep byte_time near the slowest recent rate,
-        so a board that reads slowly (qemu's UART, a busy USB stack) gets time to answer."""
+        """An exchange of nbytes took seconds: keep byte_time near the recent rate (less the
+        usual latency), so a board that reads slowly (qemu's UART, a busy USB stack) gets
+        time to answer, and one slow exchange (a board still starting) counts little."""
         if nbytes >= 256:
-            seen = seconds / nbytes
-            self.byte_time = max(seen, 0.8 * self.byte_time + 0.2 * seen)
+            seen = max(0.0, seconds - self.srtt) / nbytes
+            self.byte_time = max(self.min_byte_time, 0.8 * self.byte_time + 0.2 * seen)
 
     def _round_trip(self, nbytes, seconds):
         """A first answer came after seconds for nbytes on the wire (no resend in between,

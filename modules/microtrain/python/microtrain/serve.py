@@ -34,7 +34,7 @@ PLAN_PATH = DIR + "/plan.mtp"
 ROM_PLAN_PATH = "/rom/" + PLAN_PATH
 PLAN_NEW = DIR + "/plan.new"
 CKPT_PATH = DIR + "/ckpt.bin"
-QUIET_MS = 30           # after a bad frame: the line is quiet after this long
+QUIET_MS = 15           # no byte for this long: the line is quiet (the frame has ended)
 TAIL = 16               # a frame's last bytes are read one by one (see read_exact)
 
 
@@ -152,13 +152,13 @@ class Server:
                 break
             prev = one[0]
         if not self.read_exact(self.head_rest, P.HEADER_LEN - 2):
-            return self.reject()
+            return self.reject(False)
         head = P.parse_header(self.buf)
         if head is None:
             return self.reject()
         kind, flags, seq, n = head
         if not self.read_exact(self.body, n + P.CRC_LEN):
-            return self.reject()
+            return self.reject(False)
         payload = self.body[:n]
         if struct.unpack_from("<I", self.buf, P.HEADER_LEN + n)[0] != P.frame_crc(self.buf, payload):
             return self.reject()
@@ -181,9 +181,10 @@ class Server:
             i += 1
         return True
 
-    def reject(self):
-        """A frame failed: wait for the line to go quiet, then ask for a resend."""
-        while self.poll.poll(QUIET_MS):
+    def reject(self, drain=True):
+        """A frame failed: wait for the line to go quiet (drain: it is not yet), then ask
+        for a resend."""
+        while drain and self.poll.poll(QUIET_MS):
             self.rx.readinto(self.one, 1)
         self.tx.write(P.encode(P.NAK, 0))
         return None
@@ -426,10 +427,22 @@ HANDLERS = {
 }
 
 
+def _need_filesystem():
+    """The qemu board has no flash filesystem: the plan and checkpoints go on the RAM
+    disk in its PSRAM (microtrain.ramdisk), which survives a reset as flash would."""
+    if sys.platform != "qemu":
+        return
+    import vfs
+    if not vfs.mount():
+        from . import ramdisk
+        ramdisk.mount()
+
+
 def serve(rx=None, tx=None):
     """Serve the host over the REPL's stdin/stdout until it sends QUIT."""
     rx = rx or sys.stdin.buffer
     tx = tx or sys.stdout.buffer
+    _need_filesystem()
     micropython.kbd_intr(-1)        # 0x03 in the data is data, not Ctrl-C
     gc.collect()
     try:
