@@ -5,8 +5,9 @@
 #     import microtrain; microtrain.serve()
 #
 # and it runs until the host sends QUIT (or stdin closes). The plan and the
-# checkpoint live in the directory "mt" on the board's filesystem (a plan in
-# /rom/mt/plan.mtp, on boards with ROMFS, is read in place from flash). At start
+# checkpoint live in the directory "mt" on the board's filesystem (on boards with
+# ROMFS, a plan deployed there, /rom/plan.mtp, is read in place from flash; a deploy to
+# ROMFS removes mt/plan.mtp, which otherwise comes first). At start
 # the server loads the plan and restores the checkpoint, so a board that was reset
 # in the middle of training carries on from its last checkpoint.
 #
@@ -31,7 +32,7 @@ import _microtrain as _mt
 
 DIR = "mt"
 PLAN_PATH = DIR + "/plan.mtp"
-ROM_PLAN_PATH = "/rom/" + PLAN_PATH
+ROM_PLAN_PATH = "/rom/plan.mtp"   # `microtrain deploy --romfs`: used when mt/plan.mtp is absent
 PLAN_NEW = DIR + "/plan.new"
 CKPT_PATH = DIR + "/ckpt.bin"
 QUIET_MS = 15           # no byte for this long: the line is quiet (the frame has ended)
@@ -44,6 +45,18 @@ def _exists(path):
         return True
     except OSError:
         return False
+
+
+def _romfs():
+    """Bytes of the board's first ROMFS partition that a deploy can write (0: none)."""
+    try:
+        import vfs
+        if not hasattr(vfs, "rom_ioctl") or vfs.rom_ioctl(1) < 1:
+            return 0
+        dev = vfs.rom_ioctl(2, 0)
+        return dev.ioctl(4, 0) * dev.ioctl(5, 0) if hasattr(dev, "ioctl") else len(dev)
+    except Exception:       # a port whose rom_ioctl answers otherwise: treat as none
+        return 0
 
 
 def _argmax(a):
@@ -86,7 +99,7 @@ class Server:
         self.run, self.samples = None, 0
         self.plan_error = self.ck_error = None
         gc.collect()
-        self.plan_path = path = ROM_PLAN_PATH if _exists(ROM_PLAN_PATH) else PLAN_PATH
+        self.plan_path = path = PLAN_PATH if _exists(PLAN_PATH) or not _exists(ROM_PLAN_PATH) else ROM_PLAN_PATH
         try:
             if path == ROM_PLAN_PATH:
                 plan = open(path, "rb")        # read in place from flash
@@ -131,6 +144,7 @@ class Server:
         gc.collect()
         d = {"protocol": P.VERSION, "format_version": _mt.FORMAT_VERSION,
              "platform": sys.platform, "mem_free": gc.mem_free(), "mem_alloc": gc.mem_alloc(),
+             "word_bytes": 8 if sys.maxsize > 1 << 32 else 4, "romfs": _romfs(),
              "max_payload": P.MAX_PAYLOAD, "plan": None, "plan_error": self.plan_error,
              "run": self.run, "samples": self.samples, "checkpoint_error": self.ck_error}
         t = self.t
@@ -238,8 +252,11 @@ class Server:
         if self.upload is not None:
             self.upload[0].close()
         # free the old plan's RAM before the new one arrives
+        self.upload = None
         self.t = self.ck = self.params = None
         gc.collect()
+        if not req["bytes"]:            # only free the RAM (a deploy to ROMFS follows)
+            return b"{}"
         try:
             os.mkdir(DIR)
         except OSError:
@@ -413,6 +430,9 @@ class Server:
         return self.long[off:off + n]
 
     def quit(self, p):
+        if self.upload is not None:     # a file left open would outlive the server in littlefs
+            self.upload[0].close()
+            self.upload = None
         self.running = False
         return b"{}"
 
@@ -433,7 +453,7 @@ def _need_filesystem():
     if sys.platform != "qemu":
         return
     import vfs
-    if not vfs.mount():
+    if not [m for m in vfs.mount() if m[1] != "/rom"]:     # ROMFS is read-only
         from . import ramdisk
         ramdisk.mount()
 
