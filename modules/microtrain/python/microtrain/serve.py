@@ -95,7 +95,10 @@ class Server:
 
     # ---- plan and state ----
     def load_plan(self):
-        self.t = self.ck = self.params = None
+        # the Trainer, the plan and the checkpoint's state copy each want one block:
+        # free what is not needed before they are allocated
+        self.t = self.ck = self.params = self.last = None
+        self.long = b""
         self.run, self.samples = None, 0
         self.plan_error = self.ck_error = None
         gc.collect()
@@ -118,6 +121,7 @@ class Server:
         self.ce = self.t.info()["loss"] == "cross-entropy"
         self.out = array("f", bytes(4 * self.t.output_len))
         self.loss_out = array("f", [0])
+        gc.collect()
         self.ck = checkpoint.Checkpoint(self.t, CKPT_PATH)
         try:
             meta = self.ck.restore()
