@@ -141,9 +141,11 @@ class Link:
 
     def rto(self, nbytes):
         """Seconds to wait for the first answer (ACK or reply) to nbytes on the wire before
-        resending: the bytes at the measured rate, twice, plus the latency seen so far and
-        four times its spread. Short, so that a frame lost on a noisy line costs little."""
-        return 2 * self.send_time(nbytes) + min(RTO_MAX, max(RTO_MIN, self.srtt + 4 * self.rttvar))
+        resending: the bytes at the measured rate, three times over (a resent long frame
+        costs a whole frame's time, and an emulator on a busy host stalls), plus the
+        latency seen so far and four times its spread. Short for the short frames of a
+        noisy line, so that a lost one costs little."""
+        return 3 * self.send_time(nbytes) + min(RTO_MAX, max(RTO_MIN, self.srtt + 4 * self.rttvar))
 
     def request(self, kind, payload=b"", timeout=0.0, ack=False, retries=None, expect=None):
         """Send a command, return the payload of its answer. timeout: seconds the board may
