@@ -42,7 +42,9 @@ for i in range(%d):
 print(time.ticks_diff(time.ticks_ms(), t0))
 """
 
-STEPS = """import _microtrain, time, gc
+STEPS = """from microtrain import ramdisk
+ramdisk.mount()
+import _microtrain, time, gc
 from array import array
 gc.collect()
 t = _microtrain.Trainer(open('mt/plan.mtp', 'rb').read())
@@ -99,12 +101,13 @@ def main():
         b = Board(qemu.port)
         b.connect()
         b.deploy(plan)
-        b.start_run(1)
         xs, ys = b.check_data(x, y)
         rows = b.rows(b.sizer.limit, xs, ys)
         chunk_bytes = rows * per_sample
+        n_chunks = max(1, args.samples // rows)
+        b.close()
 
-        def stream(dry, accuracy=False):
+        def stream(b, dry, accuracy=False):
             b.start_run(1)
             t0, i = time.monotonic(), 0
             while i < len(xs):
@@ -114,25 +117,29 @@ def main():
             return len(xs) / (time.monotonic() - t0)
 
         best = {}
+        resent = 0
 
         def measure(name, fn):
             best[name] = max(best.get(name, 0), fn())
 
+        # each round measures everything, so that a change in the (shared) machine's load
+        # touches all of them alike
         for _ in range(args.repeat):
-            measure("link", lambda: stream(dry=True))
-            measure("train", lambda: stream(dry=False))
-            measure("train_acc", lambda: stream(dry=False, accuracy=True))
-        resent = b.stats.resent
-        b.close()
-
-        n_chunks = max(1, args.samples // rows)
-        for _ in range(args.repeat):
+            b = Board(qemu.port)
+            b.connect()
+            measure("link", lambda: stream(b, dry=True))
+            measure("train", lambda: stream(b, dry=False))
+            measure("train_acc", lambda: stream(b, dry=False, accuracy=True))
+            resent += b.stats.resent
+            b.close()
             b = Board(qemu.port)
             measure("raw_ack", lambda: raw_rate(b, chunk_bytes, n_chunks, ack=True) / per_sample)
             measure("raw_stream", lambda: raw_rate(b, chunk_bytes, n_chunks, ack=False) / per_sample)
             b.transport.close()
         b = Board(qemu.port)
-        b.transport.enter_raw_repl(soft_reset=False)
+        # a soft reset first: a heap that the runs above left fragmented may have no
+        # block for the Trainer (the RAM disk in PSRAM keeps the plan; STEPS mounts it)
+        b.transport.enter_raw_repl(soft_reset=True)
         us = int(b.transport.exec(STEPS % (args.repeat, 200)).decode().split()[-1]) / 200
         b.transport.close()
     link, train, train_acc = best["link"], best["train"], best["train_acc"]

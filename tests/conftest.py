@@ -5,6 +5,7 @@ machine must build and run them (make micropython, make firmware), and a skip th
 would report a pass that never happened.
 """
 import os
+import sys
 
 import pytest
 
@@ -24,3 +25,17 @@ def pytest_runtest_makereport(item, call):
         reason = reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
         report.outcome = "failed"
         report.longrepr = "CI=true: a MicroPython test may not be skipped; it was skipped because: %s" % reason
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_emulator_left():
+    """Every emulator a test module starts (microtrain.device.emulated) is stopped by the
+    time the module's tests and fixtures are done, on success and on failure alike."""
+    yield
+    emulated = sys.modules.get("microtrain.device.emulated")
+    if emulated is None:
+        return
+    left = emulated.running()
+    for proc in left:
+        emulated._kill_group(proc)
+    assert not left, "emulators left running: %s" % ", ".join(" ".join(map(str, p.args[-3:])) for p in left)

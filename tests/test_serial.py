@@ -5,6 +5,7 @@ after the same steps, and TRAINED.onnx in onnxruntime gives the simulator's
 predictions. Plus the errors a person gets, one line each, exit status 2."""
 import os
 import re
+import zlib
 
 import numpy as np
 import pytest
@@ -206,3 +207,46 @@ def test_port_autodetection(monkeypatch):
     found.append(P("/dev/ttyACM2", 0x2E8A, 0x0003))     # a Pico in BOOTSEL mode: no REPL
     with pytest.raises(NoDevice, match="no MicroPython board found"):
         ports.find_board()
+
+
+def test_deploy_to_romfs_reads_the_plan_in_place(tmp_path, monkeypatch):
+    """deploy with romfs=True: the server takes /rom/plan.mtp (microtrain.romfs's image,
+    read in place, not copied to the heap) over a file plan it had, and trains on it to
+    the simulator's parameters. qemu's MPS2_AN500 has vfs.VfsRom but no ROMFS partition
+    to write (no vfs.rom_ioctl), so here the image is mounted from RAM at /rom where
+    mpremote's `romfs deploy` would write the partition; that writing is not run here."""
+    from microtrain.device import board as board_mod
+    from microtrain.device.board import Board
+
+    def mount_image(transport, image, partition=0):
+        transport.exec("import vfs\nrom_image = bytes.fromhex('%s')\nvfs.mount(vfs.VfsRom(rom_image), '/rom')"
+                       % image.hex())
+    monkeypatch.setattr(board_mod, "_romfs_deploy", mount_image)
+    plan = compile_mlp(export_mlp(str(tmp_path / "mlp.onnx"), "dynamo"))
+    x, y, _, _ = iris()
+    board = make_board("qemu")
+    try:
+        with Board(board.port) as b:
+            b.deploy(plan, romfs=False)                 # a file plan first: the ROM one must win
+            b.facts["romfs"] = 1 << 16                  # as a board with a 64 KB partition says
+            info = b.deploy(plan, romfs=True)
+            assert info["plan"]["rom"] and info["plan"]["crc"] == zlib.crc32(plan.data), info["plan"]
+            from microtrain.device.training import train
+            train(b, x, y, epochs=1, seed=SEED)
+            got = b.params()
+    finally:
+        board.close()
+    assert_params_equal(got, oracle(plan, x, y, epochs=1))
+
+
+def test_romfs_deploy_on_a_board_without_a_partition(capsys, tmp_path):
+    """--romfs on qemu's MPS2_AN500 (no vfs.rom_ioctl): one line saying so, exit status 2."""
+    plan = compile_mlp(export_mlp(str(tmp_path / "mlp.onnx"), "dynamo"))
+    plan.save(str(tmp_path / "mlp.mtp"))
+    board = make_board("qemu")
+    try:
+        code, out, err = run_cli(capsys, "deploy", tmp_path / "mlp.mtp", "--port", board.port, "--romfs")
+    finally:
+        board.close()
+    line = one_line_error(code, err)
+    assert "has no ROMFS partition" in line, line

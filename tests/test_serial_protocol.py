@@ -2,6 +2,7 @@
 first frame sent to a board in an unknown state. The CRC oracle is zlib.crc32."""
 import json
 import struct
+import time
 import zlib
 
 import pytest
@@ -76,6 +77,38 @@ def test_resend_after_a_damaged_answer_and_a_nak():
     link = Link(FakePort(respond))
     assert link.request(P.INFO, timeout=0.2) == b"ok"
     assert link.stats.resent == 2 and link.stats.bad == 1 and link.stats.naks == 1
+
+
+def test_damaged_or_cut_answers_are_asked_for_again_at_once():
+    """An answer that fails its CRC, or stops short (bytes dropped, the line then quiet),
+    makes the host resend at once: no resend waits for the timer."""
+    def respond(kind, seq, payload, n):
+        good = P.encode(kind | P.REPLY, seq, b"answer")
+        if n == 1:
+            bad = bytearray(good)
+            bad[P.HEADER_LEN + 2] ^= 0x10
+            return bytes(bad)
+        if n == 2:
+            return good[:-3]                    # three bytes dropped at the end
+        return good
+    link = Link(FakePort(respond))
+    assert link.request(P.INFO, timeout=5) == b"answer"
+    assert link.stats.resent == 2 and link.stats.bad == 2 and link.stats.timeouts == 0
+
+
+def test_a_lost_answer_after_an_ack_is_asked_for_after_the_expected_time():
+    """The board ACKed a long command, then its answer was lost: the host asks again once
+    the usual time has passed (expect), not after the command's limit (timeout); the
+    board sends its remembered answer again."""
+    def respond(kind, seq, payload, n):
+        if n == 1:
+            return P.encode(P.ACK, seq)         # the answer that followed was lost
+        return P.encode(kind | P.REPLY, seq, b"saved")
+    link = Link(FakePort(respond))
+    t0 = time.monotonic()
+    assert link.request(P.SAVE, timeout=60, ack=True, expect=0.2) == b"saved"
+    assert time.monotonic() - t0 < 30               # far below the 60 s limit
+    assert link.stats.resent == 1 and link.stats.timeouts == 1
 
 
 def test_gives_up_after_its_retries():

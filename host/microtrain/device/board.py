@@ -25,31 +25,62 @@ from .errors import BoardReset, DataError, FirmwareError, LinkError, NoDevice, P
 from .link import Link
 from .ports import describe_ports
 
-# Run in the raw REPL before the server starts: is the module there, and a filesystem?
-CHECK = """import sys, os
-try:
+# Starts the server through the raw REPL: short, since the REPL has no checksums
+START = "import microtrain\nmicrotrain.serve()\n"
+# Run in the raw REPL when the server did not answer: is the module there at all?
+CHECK = """try:
     import microtrain
     m = hasattr(microtrain, 'Trainer') and hasattr(microtrain, 'serve')
 except ImportError:
     m = False
-try:
-    import vfs
-    fs = len(vfs.mount()) > 0
-except (ImportError, TypeError):
-    fs = True
-print(repr({'module': m, 'platform': sys.platform, 'fs': fs}))
+print(repr(m))
 """
-MOUNT_RAMDISK = "from microtrain import ramdisk\nramdisk.mount()\n"
-START = "import microtrain\nmicrotrain.serve()\n"
 
 # Bytes that a REPL acts on (Ctrl-A..E, CR, LF, ESC): the first frame sent to a board
 # whose state is unknown avoids them, so that if a REPL reads it instead of the
 # server, it is one line of junk that Ctrl-C clears.
 REPL_CONTROL = frozenset(b"\x01\x02\x03\x04\x05\n\r\x1b")
 
-# RAM the server needs beside the plan's: its frame buffers, the checkpoint's
-# chunk buffer and JSON, the Trainer object, output and loss arrays
-SERVER_BYTES = 2048
+# After a deploy to ROMFS: the file plan (which the server would take first) and the
+# checkpoints of whatever plan was there go
+REMOVE_FILE_PLAN = """import os
+for p in ('mt/plan.mtp', 'mt/ckpt.bin', 'mt/ckpt.bin.new'):
+    try:
+        os.remove(p)
+    except OSError:
+        pass
+"""
+
+
+def _romfs_deploy(transport, image, partition=0):
+    """Write a ROMFS image to the board's partition with mpremote's own `romfs deploy`."""
+    import os
+    import tempfile
+    from types import SimpleNamespace
+
+    from mpremote.commands import CommandError, _do_romfs_deploy
+    fd, path = tempfile.mkstemp(suffix=".romfs")
+    out = io.StringIO()
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(image)
+        state = SimpleNamespace(transport=transport, ensure_raw_repl=lambda: None, did_action=lambda: None)
+        with contextlib.redirect_stdout(out):
+            _do_romfs_deploy(state, SimpleNamespace(path=path, partition=partition, mpy=False))
+    except (CommandError, SystemExit) as e:
+        raise FirmwareError("writing the ROMFS partition failed: %s" % (str(e) or out.getvalue().strip()[-200:]))
+    finally:
+        os.unlink(path)
+
+
+# Heap the server takes beside the Trainer (boards.ram_needed) while it trains: the
+# checkpoint's copy of the state blob (the state plus its header) and file buffer, the
+# parameter copies PARAMS makes for a pull, and its own arrays and JSON answers. Its
+# frame buffer is not counted: it is allocated before the board reports mem_free.
+CHECKPOINT_EXTRA = 64 + 512
+SERVER_BYTES = 1024
+HEAP_PARTS = {"ram_bytes": "arena, state and context", "trainer": "Trainer object", "plan": "plan read into RAM",
+              "checkpoint": "checkpoint buffers", "pull": "parameter copies for pull", "server": "server"}
 
 
 class Sizer:
@@ -145,11 +176,18 @@ class Board:
             if facts is not None:
                 break
             try:
-                self._start_server()
-            except (TransportError, LinkError, SyntaxError, ValueError) as e:
+                self._enter_raw_repl()
+                self.transport.exec_raw_no_follow(START)
+                self.link.rx.clear()
+            except (TransportError, LinkError) as e:
                 err = e
                 continue
-            facts = self._hello(tries=8, wait=1.0)
+            facts = self._hello(tries=6, wait=1.0)
+            if facts is None:
+                try:                # why not? FirmwareError when the module is missing
+                    self._check_module()
+                except (TransportError, LinkError, SyntaxError, ValueError) as e:
+                    err = e
         if facts is None:
             raise LinkError("the board on %s does not answer microtrain's server (%s)"
                             % (self.port, str(err).strip()[-200:] if err else "no answer after starting it"))
@@ -167,7 +205,7 @@ class Board:
             raise LinkError("the board's REPL failed running microtrain's set-up on %s: %s"
                             % (self.port, str(e).strip()[-200:])) from e
 
-    def _start_server(self):
+    def _enter_raw_repl(self):
         from mpremote.transport import TransportError
         t = self.transport
         for attempt in range(3):
@@ -184,21 +222,20 @@ class Board:
             except TransportError as e:
                 if attempt == 2:
                     raise NoDevice("no MicroPython REPL answers on %s (%s)" % (self.port, describe_ports())) from e
-        state = ast.literal_eval(self._exec(CHECK).decode().strip())
-        if not state["module"]:
+
+    def _check_module(self):
+        """FirmwareError if the board's firmware has no microtrain module."""
+        self._enter_raw_repl()
+        if not ast.literal_eval(self._exec(CHECK).decode().strip()):
             raise FirmwareError("the firmware on %s has no microtrain module: flash firmware built with it "
                                 "(firmware/README.md) or copy _microtrain.mpy and the microtrain package "
                                 "with mpremote" % self.port)
-        if not state["fs"] and state["platform"] == "qemu":
-            self._exec(MOUNT_RAMDISK)
-        t.exec_raw_no_follow(START)
-        self.link.rx.clear()
 
-    def close(self, quit=True):
-        """Stop the server (back to the friendly REPL) and close the port."""
+    def close(self, quit=True, keep_port=False):
+        """Stop the server (back to the friendly REPL) and close the port (keep_port: not)."""
         try:
             if quit:
-                self.link.request(P.QUIT, timeout=2)
+                self.link.request(P.QUIT, retries=4)
                 # the raw REPL ends the run with \x04 (output) \x04 (errors) and its prompt
                 deadline = time.monotonic() + 2
                 while b"\x04\x04>" not in self.link.rx and self.link._fill(deadline):
@@ -207,7 +244,8 @@ class Board:
         except Exception:           # the board is gone: nothing to tidy up
             pass
         finally:
-            self.transport.close()
+            if not keep_port:
+                self.transport.close()
 
     # ---- commands ----
     def info(self):
@@ -231,7 +269,7 @@ class Board:
             self._plan = Plan(bytes(data))
         return self._plan
 
-    def _sized(self, kind, build, timeout=5.0, ack=False):
+    def _sized(self, kind, build, timeout=0.0, ack=False, expect=None):
         """A command whose frame may be cut to any size (every such command is idempotent):
         build(size) gives (payload, n) for a frame of about size bytes. A frame that has
         to be resent makes the next ones smaller, and one that keeps failing is cut
@@ -243,7 +281,8 @@ class Board:
             at_floor = self.sizer.size <= self.sizer.floor
             try:
                 reply = self.link.request(kind, payload, timeout=timeout(n) if callable(timeout) else timeout,
-                                          ack=ack, retries=None if at_floor else 4)
+                                          ack=ack, retries=None if at_floor else 4,
+                                          expect=expect(n) if callable(expect) else expect)
             except BoardReset:
                 raise
             except LinkError:
@@ -254,9 +293,12 @@ class Board:
             self.sizer.update(self.link.stats.resent != before)
             return reply, n
 
-    def deploy(self, plan, progress=None):
-        """Put a plan on the board (a file in mt/), after checking that the board reads its
-        format and has the RAM; returns the board's info afterwards."""
+    def deploy(self, plan, progress=None, romfs=None):
+        """Put a plan on the board, after checking that the board reads its format and has
+        the RAM; returns the board's info afterwards. romfs: True puts it on the board's
+        ROMFS partition (read in place from flash, not copied into the heap), False in a
+        file in mt/, None chooses: ROMFS where the board has a partition and the plan is
+        int8 or would not fit the heap as a file."""
         facts = self.facts or self.connect()
         data = plan.data
         if facts["format_version"] != plan.header["version"]:
@@ -265,16 +307,15 @@ class Board:
                                    "recompile the model with the microtrain that built the firmware"
                                    if facts["format_version"] < plan.header["version"] else
                                    "update the board's firmware"))
+        if romfs is None:
+            r = plan.report()
+            fits_as_file = sum(self.heap_needed(plan, True).values()) <= facts["mem_free"]
+            romfs = bool(facts.get("romfs")) and (r["const_int8_bytes"] > 0 or not fits_as_file)
+        if romfs:
+            return self._deploy_romfs(plan)
         self.link.request_json(P.PLAN_BEGIN, {"bytes": len(data), "crc": zlib.crc32(data)})
         free = self.link.request_json(P.HELLO, {"version": P.VERSION})["mem_free"]
-        r = plan.report()
-        need = r["ram_bytes"] + len(data) + r["param_bytes"] + 64 + SERVER_BYTES
-        if need > free:
-            raise PlanTooBig("the plan needs %d bytes of RAM on the board (trainer %d, plan %d, checkpoint "
-                             "buffer %d, server %d) and the board has %d free: %d bytes short; train fewer "
-                             "layers (--update) or use a board with more RAM"
-                             % (need, r["ram_bytes"], len(data), r["param_bytes"] + 64, SERVER_BYTES, free,
-                                need - free))
+        self.check_heap(plan, free, in_ram=True)
         off = 0
         while off < len(data):
             reply, _ = self._sized(P.PLAN_DATA, lambda size: (struct.pack(P.PLAN_DATA_HEAD, off)
@@ -288,6 +329,69 @@ class Board:
         self.facts = self.link.request_json(P.HELLO, {"version": P.VERSION})
         self._plan = plan
         return info
+
+    def _deploy_romfs(self, plan):
+        """The plan as /rom/plan.mtp: an image (microtrain.romfs, the plan 8-byte aligned)
+        written by mpremote's `romfs deploy` through the raw REPL; mt/plan.mtp and its
+        checkpoints removed so that the server takes the ROM plan; the server started
+        again and the plan it loaded checked against ours by its CRC."""
+        from ..romfs import build
+        facts = self.facts
+        if not facts.get("romfs"):
+            raise FirmwareError("the firmware on %s has no ROMFS partition (vfs.rom_ioctl): deploy the plan as a "
+                                "file (without --romfs), or flash a firmware with one" % self.port)
+        image = build({"plan.mtp": plan.data})
+        if len(image) > facts["romfs"]:
+            raise PlanTooBig("the plan's ROMFS image is %d bytes and the board's ROMFS partition %d: %d bytes short"
+                             % (len(image), facts["romfs"], len(image) - facts["romfs"]))
+        self.link.request_json(P.PLAN_BEGIN, {"bytes": 0, "crc": 0})     # frees the old plan's RAM
+        self.check_heap(plan, self.link.request_json(P.HELLO, {"version": P.VERSION})["mem_free"], in_ram=False)
+        self.close(quit=True, keep_port=True)
+        self._enter_raw_repl()
+        _romfs_deploy(self.transport, image)
+        self._exec(REMOVE_FILE_PLAN)
+        self.transport.exit_raw_repl()
+        self.link.rx.clear()
+        facts = self.connect()
+        want = zlib.crc32(plan.data)
+        if not facts["plan"] or not facts["plan"]["rom"] or facts["plan"]["crc"] != want:
+            raise FirmwareError("the board did not load the plan from ROMFS (%s)"
+                                % (facts.get("plan_error") or "it has plan %r" % (facts["plan"],)))
+        self._plan = plan
+        return self.info()
+
+    def heap_needed(self, plan, in_ram=True):
+        """{part: bytes} of the board's heap that training this plan through the server
+        takes: the Trainer as boards.ram_needed counts it for a board of this word size
+        (GC blocks, the Trainer object, the plan itself when it is read into RAM), plus
+        the server's own (see CHECKPOINT_EXTRA)."""
+        from ..boards import _state_bytes, ram_needed
+        r = plan.report()
+        parts = ram_needed(r, self._profile(), in_ram)
+        parts["checkpoint"] = r["param_bytes"] + CHECKPOINT_EXTRA
+        parts["pull"] = r["param_bytes"] - _state_bytes(r, "mom(") - _state_bytes(r, "acc(")
+        parts["server"] = SERVER_BYTES
+        return parts
+
+    def _profile(self):
+        """What boards.py needs to know of this board, from what it says of itself."""
+        facts = self.facts or {}
+        return {"name": facts.get("platform", "board"), "word_bytes": facts.get("word_bytes", 4),
+                "romfs": {"available": bool(facts.get("romfs"))}}
+
+    def check_heap(self, plan, free, in_ram=True):
+        """PlanTooBig (by how much, and what would help) if the plan does not fit the free heap."""
+        from ..boards import _remedies
+        parts = self.heap_needed(plan, in_ram)
+        need = sum(parts.values())
+        if need > free:
+            fixes = _remedies(plan.report(), self._profile(), need - free, in_ram)
+            raise PlanTooBig("the plan needs %d bytes of RAM on the board (%s) and the board has %d free: "
+                             "%d bytes short; would help: %s"
+                             % (need, ", ".join("%s %d" % (HEAP_PARTS.get(k, k), n) for k, n in parts.items() if n),
+                                free, need - free,
+                                "; ".join(w for w, _ in fixes) or "a board with more RAM"))
+        return parts
 
     # -- data --
     def check_data(self, x, y=None):
@@ -343,12 +447,13 @@ class Board:
         def build(size):
             n = self.rows(size, x, y)
             return struct.pack(P.TRAIN_HEAD, start, n, flags) + x[:n].tobytes() + y[:n].tobytes(), n
-        t0 = time.monotonic()
-        reply, n = self._sized(P.TRAIN, build, timeout=lambda n: 2.0 + 5 * self.sample_time * n, ack=True)
+        before = self.link.stats.resent
+        reply, n = self._sized(P.TRAIN, build, timeout=lambda n: 2.0 + 5 * self.sample_time * n, ack=True,
+                               expect=lambda n: 1.5 * self.sample_time * n + 0.02)
         r = struct.unpack(P.TRAIN_REPLY, reply)
-        if r[1]:
-            wire = self.link.send_time(n * (x.shape[1] + y.shape[1]) * 4)
-            self.sample_time = max(1e-4, (time.monotonic() - t0 - wire) / r[1])
+        if r[1] and self.link.stats.resent == before and P.TRAIN in self.link.work:
+            # the board's time from ACK to answer, measured on a clean exchange
+            self.sample_time = max(1e-5, self.link.work[P.TRAIN] / r[1])
         return r
 
     def save(self, pause_at=None):
@@ -394,7 +499,7 @@ class Board:
         """The trainable parameters now, by ONNX initializer name, in ONNX shapes."""
         shapes = self.plan().meta.get("param_shapes", {})
         out = {}
-        for k, (name, nbytes) in enumerate(self.link.request_json(P.PARAMS, timeout=10)):
+        for k, (name, nbytes) in enumerate(self.link.request_json(P.PARAMS, timeout=10, ack=True)):
             data = bytearray()
             while len(data) < nbytes:
                 left = nbytes - len(data)

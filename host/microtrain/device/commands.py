@@ -3,6 +3,7 @@ wires their arguments). Each prints what it did; failures raise DeviceError (or
 ValueError), which the CLI prints on one line with exit status 2."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 import numpy as np
@@ -18,6 +19,9 @@ def add_arguments(sub, formatter_class):
 
     d = sub.add_parser("deploy", formatter_class=formatter_class, help="put a plan on a board over serial")
     d.add_argument("plan", help="plan file (.mtp)")
+    d.add_argument("--romfs", action=argparse.BooleanOptionalAction, default=None,
+                   help="put the plan on the board's ROMFS partition, read in place from flash (default: where "
+                   "the board has one and the plan is int8 or too big for the heap as a file)")
     port_args(d)
     d.set_defaults(func=deploy)
 
@@ -63,11 +67,13 @@ def deploy(args):
     from ..plan import load_plan
     plan = load_plan(args.plan)
     with _board(args) as b:
-        info = b.deploy(plan)
+        info = b.deploy(plan, romfs=args.romfs)
         t = info["trainer"]
-        print("deployed %s to %s: plan %d bytes, RAM %d bytes (arena %d + parameters %d); board heap %d bytes "
-              "free; plan format %d" % (args.plan, b.port, len(plan.data), t["ram_bytes"], t["arena_bytes"],
-                                          t["param_bytes"], info["mem_free"], info["format_version"]))
+        print("deployed %s to %s: plan %d bytes %s, RAM %d bytes (arena %d + parameters %d); board heap %d bytes "
+              "free; plan format %d" % (args.plan, b.port, len(plan.data),
+                                          "on ROMFS (in flash)" if info["plan"]["rom"] else "in a file",
+                                          t["ram_bytes"], t["arena_bytes"], t["param_bytes"], info["mem_free"],
+                                          info["format_version"]))
 
 
 def train(args):

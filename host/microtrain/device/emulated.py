@@ -40,8 +40,35 @@ _running = set()
 def _kill_all():
     """No emulator outlives the process that started it (tests stopped half way)."""
     for proc in list(_running):
-        if proc.poll() is None:
+        _kill_group(proc)
+
+
+def _kill_group(proc):
+    """SIGKILL an emulator and everything in its process group, and reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             proc.kill()
+    proc.wait()
+    _running.discard(proc)
+
+
+def _spawn(cmd, **kw):
+    """Start an emulator in a session of its own (a Ctrl-C meant for the host stays with
+    the host; a kill reaches its whole group), killed by the kernel when this process
+    dies, even by SIGKILL where atexit never runs (setpriv --pdeathsig, util-linux)."""
+    if shutil.which("setpriv"):
+        cmd = ["setpriv", "--pdeathsig", "KILL", "--"] + list(cmd)
+    proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+    _running.add(proc)
+    return proc
+
+
+def running():
+    """The emulators started by this process that are still running (the tests check
+    that none is left after each test)."""
+    return [p for p in _running if p.poll() is None]
 
 
 def _open_raw(path):
@@ -57,9 +84,7 @@ class _Emulated:
 
     def _kill(self):
         if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-            _running.discard(self.proc)
+            _kill_group(self.proc)
             self.proc = None
 
     def power_on(self):
@@ -100,9 +125,15 @@ class QemuBoard(_Emulated):
                "-object", "memory-backend-file,id=psram,size=%d,mem-path=%s,share=on" % (PSRAM_BYTES, self.flash),
                "-display", "none", "-monitor", "unix:%s,server=on,wait=off" % mon, "-semihosting",
                "-serial", "pty", "-kernel", self.firmware]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _running.add(self.proc)
+        self.proc = _spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
+        try:
+            return self._connect(log_path, mon, timeout)
+        except BaseException:
+            self.power_cut()
+            raise
+
+    def _connect(self, log_path, mon, timeout):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with open(log_path, "rb") as f:
@@ -176,9 +207,7 @@ class UnixBoard(_Emulated):
         if self.micropypath:
             env["MICROPYPATH"] = self.micropypath
         cmd = [self.firmware] + (["-X", "heapsize=%s" % self.heapsize] if self.heapsize else [])
-        self.proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, cwd=self.workdir,
-                                     env=env, start_new_session=True)
-        _running.add(self.proc)
+        self.proc = _spawn(cmd, stdin=slave, stdout=slave, stderr=slave, cwd=self.workdir, env=env)
         os.close(slave)
         self.master = master
         if self._bridge is None:

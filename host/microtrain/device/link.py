@@ -14,6 +14,9 @@ from .errors import BoardError, BoardReset, LinkError
 # frames that mean the server is no longer there.
 REPL_SIGNS = (b"MicroPython v", b"raw REPL; CTRL-B", b"\n>>> ", b"Traceback (most recent call last)")
 POLL = 0.005            # seconds of one wait for bytes
+BAD = ("bad",)          # next_frame: a damaged frame went by
+QUIET = 0.02            # seconds without a byte in the middle of a frame: its bytes were dropped
+RTO_MIN, RTO_MAX = 0.05, 2.0    # bounds of the latency part of a resend timer (seconds)
 
 
 class Stats:
@@ -40,12 +43,15 @@ class Link:
 
     def __init__(self, port, byte_time=1e-4, retries=30, stats=None):
         self.port = port
-        self.byte_time = byte_time      # seconds per byte, as measured (the slowest recent)
+        self.byte_time = self.min_byte_time = byte_time   # seconds per byte: as measured, at least the baud rate's
         self.retries = retries
         self.stats = stats or Stats()
         self.seq = random.randrange(1 << 16)
         self.rx = bytearray()
         self.noise = bytearray()   # recent bytes that were not part of a good frame
+        self.last_rx = time.monotonic()
+        self.srtt, self.rttvar = 0.05, 0.05     # latency beyond the bytes' time, and its spread
+        self.work = {}              # kind -> seconds the board took over it, ACK to answer
 
     # ---- receiving ----
     def _fill(self, deadline):
@@ -62,6 +68,7 @@ class Link:
         finally:
             self.port.timeout = old
         if data:
+            self.last_rx = time.monotonic()
             self.rx += data
             self.stats.bytes_in += len(data)
         return True
@@ -76,7 +83,10 @@ class Link:
             raise BoardReset("the board restarted or left the server (it printed %r)" % text[-60:])
 
     def next_frame(self, deadline):
-        """The next intact frame (kind, flags, seq, payload), or None at deadline."""
+        """The next intact frame (kind, flags, seq, payload), None at deadline, or BAD
+        after a frame whose header checked out but whose payload did not (a damaged
+        answer: worth asking again at once)."""
+        partial = False         # a frame's header is in, its rest is not yet
         while True:
             i = self.rx.find(P.SYNC)
             if i < 0:
@@ -98,67 +108,118 @@ class Link:
                             self.stats.received += 1
                             return kind, flags, seq, payload
                         self.stats.bad += 1
-                        self._skip(1)   # a false sync, or a damaged frame: look further on
-                        continue
-            if not self._fill(deadline):
-                return None
+                        self._skip(1)   # a damaged frame: look further on, after asking again
+                        return BAD
+                    partial = True
+            quiet = max(QUIET, 32 * self.byte_time)
+            if partial and time.monotonic() - self.last_rx > quiet:
+                self.stats.bad += 1     # the line went quiet in the middle of a frame: bytes dropped
+                self._skip(1)
+                return BAD
+            if not self._fill(min(deadline, time.monotonic() + quiet) if partial else deadline):
+                if time.monotonic() >= deadline:
+                    return None
 
     # ---- commands ----
     def send_time(self, nbytes):
         return nbytes * self.byte_time
 
     def _measured(self, nbytes, seconds):
-        """An exchange of nbytes took seconds: keep byte_time near the slowest recent rate,
-        so a board that reads slowly (qemu's UART, a busy USB stack) gets time to answer."""
+        """An exchange of nbytes took seconds: keep byte_time near the recent rate (less the
+        usual latency), so a board that reads slowly (qemu's UART, a busy USB stack) gets
+        time to answer, and one slow exchange (a board still starting) counts little."""
         if nbytes >= 256:
-            seen = seconds / nbytes
-            self.byte_time = max(seen, 0.8 * self.byte_time + 0.2 * seen)
+            seen = max(0.0, seconds - self.srtt) / nbytes
+            self.byte_time = max(self.min_byte_time, 0.8 * self.byte_time + 0.2 * seen)
 
-    def request(self, kind, payload=b"", timeout=5.0, ack=False, retries=None):
-        """Send a command, return the payload of its answer. timeout: seconds the board
-        may take to answer once the command has arrived. ack: ask for an ACK first,
-        so a lost command is resent without waiting for the whole timeout."""
+    def _round_trip(self, nbytes, seconds):
+        """A first answer came after seconds for nbytes on the wire (no resend in between,
+        as TCP's Karn rule): keep a smoothed latency and its spread (Jacobson's estimator)."""
+        r = max(0.0, seconds - self.send_time(nbytes))
+        self.rttvar = 0.75 * self.rttvar + 0.25 * abs(r - self.srtt)
+        self.srtt = 0.875 * self.srtt + 0.125 * r
+
+    def rto(self, nbytes):
+        """Seconds to wait for the first answer (ACK or reply) to nbytes on the wire before
+        resending: the bytes at the measured rate, three times over (a resent long frame
+        costs a whole frame's time, and an emulator on a busy host stalls), plus the
+        latency seen so far and four times its spread. Short for the short frames of a
+        noisy line, so that a lost one costs little."""
+        return 3 * self.send_time(nbytes) + min(RTO_MAX, max(RTO_MIN, self.srtt + 4 * self.rttvar))
+
+    def request(self, kind, payload=b"", timeout=0.0, ack=False, retries=None, expect=None):
+        """Send a command, return the payload of its answer. timeout: seconds the board may
+        take over the command once it has arrived (beyond the usual latency). ack: ask for
+        an ACK first, so a lost command is resent after a round trip, not after the whole
+        timeout; expect: how long the command usually takes (default: as long as it took
+        last time), after which a lost answer is asked for again."""
         self.seq = (self.seq + 1) & 0xFFFF
-        return self.exchange(kind, self.seq, payload, timeout, ack, retries)
+        return self.exchange(kind, self.seq, payload, timeout, ack, retries, expect=expect)
 
-    def exchange(self, kind, seq, payload, timeout=5.0, ack=False, retries=None, frame=None):
+    def exchange(self, kind, seq, payload, timeout=0.0, ack=False, retries=None, frame=None, expect=None):
         """Send a command until its answer arrives; see request(). frame: the exact frame
         to send every time (else each resend asks for a shorter answer: a long answer
-        that keeps arriving damaged comes in shorter pieces, see FETCH)."""
+        that keeps arriving damaged comes in shorter pieces, see FETCH).
+
+        Resends: after a NAK or a damaged frame at once; after silence at rto() plus
+        the expected time (waits double while they keep timing out). The board sends
+        the answer again to a resend, it never runs a command twice, so a resend of a
+        command the board is still working on only asks again for the answer; such
+        silences count against retries once timeout has passed. A command expected to
+        take less than a round trip asks for no ACK: its answer is the acknowledgement."""
         retries = retries or self.retries
-        for attempt in range(retries):
+        if expect is None:
+            known = self.work.get(kind)
+            expect = min(timeout, 0.5 if known is None else 1.5 * known + 0.01)
+        if ack and expect < self.rto(len(payload or b"") + 2 * P.OVERHEAD):
+            ack = False
+        failures = attempt = 0
+        first = time.monotonic()
+        acked_at = None
+        silent = 0                      # consecutive timeouts: each doubles the next wait
+        while failures < retries:
             if attempt:
                 self.stats.resent += 1
             if frame is None:
-                limit_k = 0 if attempt < 2 else max(1, 7 - (attempt - 1))   # 4 KB, then 2 KB .. 64 B
+                limit_k = 0 if failures < 2 else max(1, 7 - (failures - 1))   # 4 KB, then 2 KB .. 64 B
                 f = P.encode(kind, seq, payload, (P.FLAG_ACK if ack else 0) | (limit_k << P.LIMIT_SHIFT))
             else:
                 f = frame
-            # the frame out and the answer back at the measured rate, three times over
-            # (an emulator or a busy host stalls now and then), and half a second
-            wire = 3 * self.send_time(len(f) + P.OVERHEAD + 64) + 0.5
+            attempt += 1
             t0 = time.monotonic()
             self.port.write(f)
             self.stats.sent += 1
             self.stats.bytes_out += len(f)
-            deadline = t0 + wire + (0 if ack else timeout)
-            acked = False
+            wire = len(f) + P.OVERHEAD + 16
+            backoff = 1 << min(silent, 3)
+            deadline = t0 + backoff * (self.rto(wire) + (0 if ack and acked_at is None else expect))
             while True:
                 got = self.next_frame(deadline)
                 if got is None:
                     self.stats.timeouts += 1
+                    silent += 1
+                    since = first if acked_at is None else acked_at
+                    if (ack and acked_at is None) or time.monotonic() - since > timeout + self.rto(wire):
+                        failures += 1
+                    break
+                silent = 0              # the line works: what went missing was lost to noise
+                if got is BAD:          # most likely the answer, damaged
+                    failures += 1
                     break
                 k, flags, s, body = got
                 if k == P.NAK:
                     self.stats.naks += 1
+                    failures += 1
                     break
                 if s != seq:
                     continue            # a late answer to an earlier try
                 if k == P.ACK:
-                    if not acked:
-                        acked = True
-                        self._measured(len(f) + P.OVERHEAD, time.monotonic() - t0)
-                        deadline = time.monotonic() + timeout + wire
+                    if acked_at is None:
+                        acked_at = time.monotonic()
+                        if attempt == 1:
+                            self._round_trip(len(f) + P.OVERHEAD, acked_at - t0)
+                            self._measured(len(f) + P.OVERHEAD, acked_at - t0)
+                        deadline = acked_at + expect + self.rto(wire)
                     continue
                 if flags & P.FLAG_MORE:
                     body = self._fetch_rest(body)
@@ -166,8 +227,14 @@ class Link:
                     err = json.loads(body.decode())
                     raise BoardError(err.get("error", "Error"), err.get("message", ""))
                 if k == kind | P.REPLY:
-                    if not ack:
-                        self._measured(len(f) + len(body) + P.OVERHEAD, time.monotonic() - t0)
+                    now = time.monotonic()
+                    if acked_at is not None:
+                        if attempt == 1:
+                            self.work[kind] = max(0.0, now - acked_at - self.send_time(len(body) + P.OVERHEAD))
+                    else:
+                        if attempt == 1:
+                            self._round_trip(len(f) + len(body) + P.OVERHEAD, now - t0)
+                            self._measured(len(f) + len(body) + P.OVERHEAD, now - t0)
                     return body
         raise LinkError("no intact answer to %s after %d tries (%d frames failed their checksum, "
                         "%d timeouts): check the cable and the port"
@@ -188,6 +255,6 @@ class Link:
                 size //= 2
         return bytes(data)
 
-    def request_json(self, kind, obj=None, timeout=5.0, ack=False):
+    def request_json(self, kind, obj=None, timeout=0.0, ack=False):
         body = b"" if obj is None else json.dumps(obj).encode()
         return json.loads(self.request(kind, body, timeout=timeout, ack=ack).decode())

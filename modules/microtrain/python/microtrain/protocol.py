@@ -9,10 +9,12 @@
 # command, the board answers with the same seq and kind | REPLY (or ERROR). The
 # host alone keeps timers: it resends a command (same seq) when no answer comes,
 # and the board, which remembers its last answer, sends that again instead of
-# running a command twice. A frame that fails its CRC is dropped; the board
-# then waits for the line to go quiet and sends NAK, so the host resends at once.
-# Commands that take long (training, saving) ask for an ACK first (flag ACK), so
-# a lost command is resent after a short wait, not after the command's full time.
+# running a command twice. A frame that fails its CRC, or stops short (bytes
+# dropped: the line goes quiet before its end), is dropped; the board then sends
+# NAK, so the host resends at once. The host's timers come from the round trips it
+# measures (docs/serial.md). Commands that take longer than a round trip (training,
+# saving) ask for an ACK first (flag ACK), so a lost command is resent after a round
+# trip, not after the command's full time.
 import struct
 
 try:

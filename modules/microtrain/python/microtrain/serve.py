@@ -5,8 +5,9 @@
 #     import microtrain; microtrain.serve()
 #
 # and it runs until the host sends QUIT (or stdin closes). The plan and the
-# checkpoint live in the directory "mt" on the board's filesystem (a plan in
-# /rom/mt/plan.mtp, on boards with ROMFS, is read in place from flash). At start
+# checkpoint live in the directory "mt" on the board's filesystem (on boards with
+# ROMFS, a plan deployed there, /rom/plan.mtp, is read in place from flash; a deploy to
+# ROMFS removes mt/plan.mtp, which otherwise comes first). At start
 # the server loads the plan and restores the checkpoint, so a board that was reset
 # in the middle of training carries on from its last checkpoint.
 #
@@ -31,10 +32,11 @@ import _microtrain as _mt
 
 DIR = "mt"
 PLAN_PATH = DIR + "/plan.mtp"
-ROM_PLAN_PATH = "/rom/" + PLAN_PATH
+ROM_PLAN_PATH = "/rom/plan.mtp"   # `microtrain deploy --romfs`: used when mt/plan.mtp is absent
 PLAN_NEW = DIR + "/plan.new"
 CKPT_PATH = DIR + "/ckpt.bin"
-QUIET_MS = 30           # after a bad frame: the line is quiet after this long
+QUIET_MS = 15           # no byte for this long: the line is quiet (the frame has ended)
+TAIL = 16               # a frame's last bytes are read one by one (see read_exact)
 
 
 def _exists(path):
@@ -43,6 +45,18 @@ def _exists(path):
         return True
     except OSError:
         return False
+
+
+def _romfs():
+    """Bytes of the board's first ROMFS partition that a deploy can write (0: none)."""
+    try:
+        import vfs
+        if not hasattr(vfs, "rom_ioctl") or vfs.rom_ioctl(1) < 1:
+            return 0
+        dev = vfs.rom_ioctl(2, 0)
+        return dev.ioctl(4, 0) * dev.ioctl(5, 0) if hasattr(dev, "ioctl") else len(dev)
+    except Exception:       # a port whose rom_ioctl answers otherwise: treat as none
+        return 0
 
 
 def _argmax(a):
@@ -81,11 +95,14 @@ class Server:
 
     # ---- plan and state ----
     def load_plan(self):
-        self.t = self.ck = self.params = None
+        # the Trainer, the plan and the checkpoint's state copy each want one block:
+        # free what is not needed before they are allocated
+        self.t = self.ck = self.params = self.last = None
+        self.long = b""
         self.run, self.samples = None, 0
         self.plan_error = self.ck_error = None
         gc.collect()
-        self.plan_path = path = ROM_PLAN_PATH if _exists(ROM_PLAN_PATH) else PLAN_PATH
+        self.plan_path = path = PLAN_PATH if _exists(PLAN_PATH) or not _exists(ROM_PLAN_PATH) else ROM_PLAN_PATH
         try:
             if path == ROM_PLAN_PATH:
                 plan = open(path, "rb")        # read in place from flash
@@ -104,6 +121,7 @@ class Server:
         self.ce = self.t.info()["loss"] == "cross-entropy"
         self.out = array("f", bytes(4 * self.t.output_len))
         self.loss_out = array("f", [0])
+        gc.collect()
         self.ck = checkpoint.Checkpoint(self.t, CKPT_PATH)
         try:
             meta = self.ck.restore()
@@ -130,6 +148,7 @@ class Server:
         gc.collect()
         d = {"protocol": P.VERSION, "format_version": _mt.FORMAT_VERSION,
              "platform": sys.platform, "mem_free": gc.mem_free(), "mem_alloc": gc.mem_alloc(),
+             "word_bytes": 8 if sys.maxsize > 1 << 32 else 4, "romfs": _romfs(),
              "max_payload": P.MAX_PAYLOAD, "plan": None, "plan_error": self.plan_error,
              "run": self.run, "samples": self.samples, "checkpoint_error": self.ck_error}
         t = self.t
@@ -150,20 +169,40 @@ class Server:
             if prev == 0xA5 and one[0] == 0x5A:
                 break
             prev = one[0]
-        rx.readinto(self.head_rest, P.HEADER_LEN - 2)
+        if not self.read_exact(self.head_rest, P.HEADER_LEN - 2):
+            return self.reject(False)
         head = P.parse_header(self.buf)
         if head is None:
             return self.reject()
         kind, flags, seq, n = head
-        rx.readinto(self.body, n + P.CRC_LEN)
+        if not self.read_exact(self.body, n + P.CRC_LEN):
+            return self.reject(False)
         payload = self.body[:n]
         if struct.unpack_from("<I", self.buf, P.HEADER_LEN + n)[0] != P.frame_crc(self.buf, payload):
             return self.reject()
         return kind, flags, seq, payload
 
-    def reject(self):
-        """A frame failed: wait for the line to go quiet, then ask for a resend."""
-        while self.poll.poll(QUIET_MS):
+    def read_exact(self, mv, n):
+        """Read n bytes into mv; False if the line goes quiet first (bytes were dropped).
+        All but the last TAIL bytes in one blocking read (a frame short of at most TAIL
+        bytes still has them); the last ones byte by byte, each waited for QUIET_MS, so
+        a frame that lost bytes is answered with NAK at once, not when the host resends."""
+        rx, one, poll = self.rx, self.one, self.poll
+        i = n - TAIL if n > TAIL else 0
+        if i:
+            rx.readinto(mv, i)
+        while i < n:
+            if not poll.poll(QUIET_MS):
+                return False
+            rx.readinto(one, 1)
+            mv[i] = one[0]
+            i += 1
+        return True
+
+    def reject(self, drain=True):
+        """A frame failed: wait for the line to go quiet (drain: it is not yet), then ask
+        for a resend."""
+        while drain and self.poll.poll(QUIET_MS):
             self.rx.readinto(self.one, 1)
         self.tx.write(P.encode(P.NAK, 0))
         return None
@@ -217,8 +256,11 @@ class Server:
         if self.upload is not None:
             self.upload[0].close()
         # free the old plan's RAM before the new one arrives
+        self.upload = None
         self.t = self.ck = self.params = None
         gc.collect()
+        if not req["bytes"]:            # only free the RAM (a deploy to ROMFS follows)
+            return b"{}"
         try:
             os.mkdir(DIR)
         except OSError:
@@ -392,6 +434,9 @@ class Server:
         return self.long[off:off + n]
 
     def quit(self, p):
+        if self.upload is not None:     # a file left open would outlive the server in littlefs
+            self.upload[0].close()
+            self.upload = None
         self.running = False
         return b"{}"
 
@@ -406,10 +451,22 @@ HANDLERS = {
 }
 
 
+def _need_filesystem():
+    """The qemu board has no flash filesystem: the plan and checkpoints go on the RAM
+    disk in its PSRAM (microtrain.ramdisk), which survives a reset as flash would."""
+    if sys.platform != "qemu":
+        return
+    import vfs
+    if not [m for m in vfs.mount() if m[1] != "/rom"]:     # ROMFS is read-only
+        from . import ramdisk
+        ramdisk.mount()
+
+
 def serve(rx=None, tx=None):
     """Serve the host over the REPL's stdin/stdout until it sends QUIT."""
     rx = rx or sys.stdin.buffer
     tx = tx or sys.stdout.buffer
+    _need_filesystem()
     micropython.kbd_intr(-1)        # 0x03 in the data is data, not Ctrl-C
     gc.collect()
     try:
