@@ -83,3 +83,35 @@ def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
 
 
 
+
+
+def quant_records(tensors, blobs, data):
+    """One QUANT_FIELDS record per distinct quantization (tensors get .quant_index); per-channel
+    scales and nonzero zero points go to the data section after the constants."""
+    records, index = [], {}
+    for t in tensors:
+        q = t.quant
+        t.quant_index = F.NO_QUANT
+        if q is None:
+            continue
+        if q.key() not in index:
+            rec = dict(scale=0.0, zero_point=0, axis=F.PER_TENSOR, reserved=b"\0" * 3, n_channels=1,
+                       scales=F.NO_NAME, zero_points=F.NO_NAME)
+            if q.axis is None:
+                rec.update(scale=float(q.scale), zero_point=int(q.zero_point))
+            else:
+                rec.update(axis=q.axis, n_channels=q.scale.size, scales=data)
+                blobs.append((data, q.scale.astype("<f4").tobytes()))
+                data += _align(q.scale.nbytes)
+                if np.any(q.zero_point != 0):
+                    rec["zero_points"] = data
+                    blobs.append((data, q.zero_point.astype("<i4").tobytes()))
+                    data += _align(q.zero_point.nbytes)
+            index[q.key()] = len(records)
+            records.append(rec)
+        t.quant_index = index[q.key()]
+    if len(records) >= F.NO_QUANT:
+        raise ValueError("model too large for plan format %d: %d quantization records" % (F.VERSION, len(records)))
+    return records, data
+
+
