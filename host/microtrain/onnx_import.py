@@ -403,13 +403,15 @@ class Importer:
         if C.ndim > len(xs):
             raise UnsupportedModel("%s: %s of shape %s has more axes than the activation %s"
                                    % (_where(node), what, C.shape, xs))
+        C = C.reshape((1,) * (len(xs) - C.ndim) + C.shape)
+        if C.shape[0] != 1:
+            raise UnsupportedModel("%s: %s of shape %s has a batch axis; microtrain runs one sample at a time, so "
+                                   "a constant must be the same for every sample" % (_where(node), what, C.shape))
         try:
-            full = np.broadcast_to(C.reshape((1,) * (len(xs) - C.ndim) + C.shape), (1,) + tuple(xs[1:]))
+            full = np.broadcast_to(C, (1,) + tuple(xs[1:]))
         except ValueError:
             raise UnsupportedModel("%s: %s of shape %s does not broadcast onto the activation %s"
                                    % (_where(node), what, C.shape, xs)) from None
-        if C.reshape((1,) * (len(xs) - C.ndim) + C.shape).shape[0] != 1:
-            raise UnsupportedModel("%s: %s of shape %s varies along the batch axis" % (_where(node), what, C.shape))
         per = full.reshape(full.shape[0], full.shape[1], -1)[0]
         if np.all(per == per[:, :1]):
             return np.ascontiguousarray(per[:, 0])
@@ -418,8 +420,8 @@ class Importer:
     def affine(self, node, x, scale, shift, what):
         """y = x * scale + shift with constant scale and shift (frozen, per channel or per element):
         Mul, Add, Sub, Div by a constant, a BatchNormalization that cannot be folded."""
-        s = self.per_channel(node, x, scale, what + " scale")
-        t = self.per_channel(node, x, shift, what + " shift")
+        s = self.per_channel(node, x, scale, what)
+        t = self.per_channel(node, x, shift, what)
         if s.size != t.size:   # one per channel, the other per element: both per element
             n = max(s.size, t.size)
             C = self.acts[x][1]
