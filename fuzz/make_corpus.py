@@ -74,9 +74,67 @@ def tied(seed=2):
                   [1, 4], [1, 4], "tied")
 
 
+def mobile_ops(seed=3):
+    """conv -> HardSwish -> squeeze-and-excitation (GlobalAveragePool, 1x1 convs, Relu, HardSigmoid,
+    Mul per channel) -> Sigmoid, Tanh, LeakyRelu -> Concat with x * 2 - 1 (Mul, Sub by constants:
+    AFFINE) -> BatchNormalization after an Add (frozen AFFINE) -> Flatten -> Gemm: ACT, ACT_BWD,
+    MUL, MUL_BWD_CHANNEL, AFFINE, CONCAT, SLICE."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "c.weight", "c.bias"], ["a"], pads=[1, 1, 1, 1], name="c"),
+             n("HardSwish", ["a"], ["hs"], name="hswish"),
+             n("GlobalAveragePool", ["hs"], ["g"], name="gap"),
+             n("Conv", ["g", "se1.weight", "se1.bias"], ["s1"], name="se1"),
+             n("Relu", ["s1"], ["s1r"], name="se_relu"),
+             n("Conv", ["s1r", "se2.weight", "se2.bias"], ["s2"], name="se2"),
+             n("HardSigmoid", ["s2"], ["s"], alpha=1.0 / 6, beta=0.5, name="hsig"),
+             n("Mul", ["hs", "s"], ["m"], name="se_mul"),
+             n("Sigmoid", ["m"], ["sg"], name="sigmoid"),
+             n("Tanh", ["sg"], ["th"], name="tanh"),
+             n("LeakyRelu", ["th"], ["lr"], alpha=0.1, name="leaky"),
+             n("Mul", ["m", "two"], ["m2"], name="times2"),
+             n("Sub", ["m2", "one"], ["m3"], name="minus1"),
+             n("Concat", ["lr", "m3"], ["cat"], axis=1, name="cat"),
+             n("Add", ["cat", "cat"], ["sum"], name="add"),
+             n("BatchNormalization", ["sum", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["bn"], name="bn"),
+             n("Flatten", ["bn"], ["f"], name="flat"),
+             n("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
+    C = 3
+    return _model(nodes, {"c.weight": w(C, 2, 3, 3), "c.bias": w(C), "se1.weight": w(2, C, 1, 1), "se1.bias": w(2),
+                          "se2.weight": w(C, 2, 1, 1), "se2.bias": w(C), "two": np.float32(2.0),
+                          "one": np.float32(1.0), "bn.scale": rng.uniform(0.5, 1.5, 2 * C),
+                          "bn.bias": w(2 * C), "bn.mean": w(2 * C), "bn.var": rng.uniform(0.5, 2, 2 * C),
+                          "fc.weight": w(2, 2 * C * 16), "fc.bias": w(2)}, [1, 2, 4, 4], [1, 2], "mobile_ops")
+
+
+def int8_cnn(seed=5):
+    """conv, conv -> relu -> maxpool -> conv + residual -> avgpool -> gap -> gemm, gemm: with
+    quantize="int8" the frozen layers run int8 (every int8 op), and with int8_scope "frozen" and the
+    first conv trainable the gradient passes back through them (the int8 backward ops)."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "c0.weight", "c0.bias"], ["a0"], pads=[1, 1, 1, 1], name="c0"),
+             n("Conv", ["a0", "c1.weight", "c1.bias"], ["a1"], pads=[1, 1, 1, 1], name="c1"),
+             n("Relu", ["a1"], ["r1"], name="r1"),
+             n("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="max"),
+             n("Conv", ["p1", "c2.weight", "c2.bias"], ["a2"], pads=[1, 1, 1, 1], name="c2"),
+             n("Add", ["a2", "p1"], ["s"], name="add"),
+             n("AveragePool", ["s"], ["q"], kernel_shape=[2, 2], strides=[1, 1], name="avg"),
+             n("GlobalAveragePool", ["q"], ["g"], name="gap"),
+             n("Flatten", ["g"], ["f"], name="flat"),
+             n("Gemm", ["f", "fc1.weight", "fc1.bias"], ["h"], transB=1, name="fc1"),
+             n("Gemm", ["h", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
+    return _model(nodes, {"c0.weight": w(3, 2, 3, 3), "c0.bias": w(3), "c1.weight": w(3, 3, 3, 3), "c1.bias": w(3),
+                          "c2.weight": w(3, 3, 3, 3), "c2.bias": w(3), "fc1.weight": w(4, 3), "fc1.bias": w(4),
+                          "fc.weight": w(2, 4), "fc.bias": w(2)}, [1, 2, 6, 6], [1, 2], "int8_cnn")
+
+
 def seeds():
     """{name: Plan}"""
     mlp, cnn = models.mlp, models.cnn
+    calib = np.random.default_rng(0).normal(size=(8, 2, 6, 6)).astype(np.float32)
     c = microtrain.compile
     out = {
         "mlp_ce_full_mom": c(mlp(n_in=8, hidden=6, n_out=3), update="full", lr=0.05, momentum=0.9),
@@ -99,6 +157,11 @@ def seeds():
         "mlp_clip_grad": c(mlp(n_in=6, hidden=5, n_out=3, seed=6), update="full", lr=0.1, momentum=0.9, clip_grad=0.5),
         "cnn_mse_clip_grad_batch2": c(cnn(seed=6, hw=4, n_out=2), update="last:2", loss="mse", lr=0.05, batch=2,
                                       clip_grad=1.0),
+        "mobile_ops_full_mom": c(mobile_ops(), update="full", lr=0.05, momentum=0.9),
+        "mobile_ops_mse_batch2": c(mobile_ops(seed=4), update="full", loss="mse", lr=0.05, batch=2),
+        "int8_last_layer": c(int8_cnn(), update="last-layer", lr=0.05, quantize="int8", calibration=calib),
+        "int8_frozen_backward": c(int8_cnn(seed=6), update=["c0.weight", "c0.bias"], lr=0.05, quantize="int8",
+                                  calibration=calib, int8_scope="frozen"),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
     }
