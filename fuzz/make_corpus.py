@@ -24,11 +24,11 @@ import models  # noqa: E402  tests/models.py: the MLP and CNN the tests use
 OPSET = 13
 
 
-def _model(nodes, inits, x_shape, y_shape, name):
+def _model(nodes, inits, x_shape, y_shape, name, opset=OPSET):
     init = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()]
     g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], init)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def pools(seed=0):
@@ -105,7 +105,8 @@ def mobile_ops(seed=3):
                           "se2.weight": w(C, 2, 1, 1), "se2.bias": w(C), "two": np.float32(2.0),
                           "one": np.float32(1.0), "bn.scale": rng.uniform(0.5, 1.5, 2 * C),
                           "bn.bias": w(2 * C), "bn.mean": w(2 * C), "bn.var": rng.uniform(0.5, 2, 2 * C),
-                          "fc.weight": w(2, 2 * C * 16), "fc.bias": w(2)}, [1, 2, 4, 4], [1, 2], "mobile_ops")
+                          "fc.weight": w(2, 2 * C * 16), "fc.bias": w(2)}, [1, 2, 4, 4], [1, 2], "mobile_ops",
+                  opset=14)   # HardSwish
 
 
 def int8_cnn(seed=5):
