@@ -134,6 +134,27 @@ def data_train_kws():
                 HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim), INIT=init)
 
 
+def data_train_mobilenet():
+    """A MobileNetV3-style block (HardSwish, depthwise conv, squeeze-and-excitation with HardSigmoid
+    and a per-channel Mul, residual Add), default (dynamo) export, update full: the activation,
+    product and broadcast-gradient kernels on each target."""
+    import tempfile
+    from oracle_models import MODEL_CASES, case_onnx
+    with tempfile.TemporaryDirectory() as d:
+        path, _ = case_onnx(MODEL_CASES["mobilenetv3_block"], "dynamo", d)
+        plan = microtrain.compile(path, update="full", lr=0.05, momentum=0.9)
+    assert {"ACT_BWD", "MUL_BWD_CHANNEL", "MUL", "CONV2D_BWD_WEIGHT"} <= {o["op"] for o in plan.ops}
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(4, 3, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 4)
+    init = params_f32(microtrain.Simulator(plan))
+    sim, losses = train_on_host(plan, x, y)
+    assert_learns(losses)
+    assert all(f32(v) != init[k] for k, v in sim.params().items())
+    return dict(PLAN=plan.data, N=len(x), X=f32(x), Y=[int(v) for v in y], STEPS=STEPS,
+                HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim), INIT=init)
+
+
 def data_noalloc():
     ce = microtrain.compile(models.mlp(n_in=8, hidden=6, n_out=3), update="full", lr=0.01, momentum=0.9)
     mse = microtrain.compile(models.cnn(hw=6, n_out=3), update="full", loss="mse", lr=0.001,
@@ -282,7 +303,8 @@ def data_plan_buffer():
                 X_FULL=f32(rng.normal(size=8)), Y_FULL=1, X_FROZEN=f32(rng.normal(size=72)), Y_FROZEN=2)
 
 
-DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "train_kws": data_train_kws, "noalloc": data_noalloc,
+DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "train_kws": data_train_kws,
+        "train_mobilenet": data_train_mobilenet, "noalloc": data_noalloc,
         "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api,
         "state": data_state, "plan_buffer": data_plan_buffer}
 

@@ -25,7 +25,13 @@ static void act_attrs(const int32_t *a, act_rec_t *r) {
 
 /* ---- forward ---- */
 
+/* 1 / (1 + exp(-x)); for x < 0 as e / (1 + e), e = exp(x), which keeps the tiny results that
+ * 1 / (1 + exp(-x)) rounds to 0 once exp(-x) overflows (x < -88.7) */
 MT_INLINE float sigmoid1(float x) {
+    if (x < 0.0f) {
+        const float e = mt_expf(x);
+        return e / (1.0f + e);
+    }
     return 1.0f / (1.0f + mt_expf(-x));
 }
 
