@@ -352,6 +352,21 @@ class ConstArith(nn.Module):
         return 0.5 - (((h - self.mean) / self.std) * self.k + 0.25)
 
 
+class NormalizedInput(nn.Module):
+    """(x - mean) / std per channel on the model input, then conv -> relu -> flatten -> Linear:
+    input normalisation inside the model (nothing before it needs a gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.5, -0.2, 0.1]).reshape(3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.3, 1.5, 0.8]).reshape(3, 1, 1))
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x):
+        return self.head(torch.flatten(F.relu(self.conv((x - self.mean) / self.std)), 1))
+
+
 class CatBranches(nn.Module):
     """cat([conv(h), relu(h), h], channels): each input gets its slice of the gradient."""
 
@@ -621,6 +636,7 @@ OP_CASES = [
     Case("swish_mul", lambda: Sandwich(Swish(), (4, 4)), (3, 4, 4)),
     Case("squeeze_excite_mul", lambda: Sandwich(SqueezeExcite(4), (4, 4)), (3, 4, 4)),
     Case("const_arith", lambda: Sandwich(ConstArith(4), (4, 4)), (3, 4, 4)),
+    Case("input_normalisation", NormalizedInput, (3, 4, 4)),
     Case("concat_channels", lambda: Sandwich(CatBranches(4), (4, 4)), (3, 4, 4)),
     Case("batchnorm_after_add", lambda: Sandwich(AddThenBN(4), (4, 4)), (3, 4, 4)),
     Case("batchnorm1d_after_relu", lambda: _stack(ReluThenBN1d(8), n_mid2=8), (6,)),
