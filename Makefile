@@ -15,7 +15,7 @@ SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test venv native header clean distclean bench rp2040js boards-table serial-demo fuzz
+.PHONY: all demo test test-host venv native header clean distclean bench rp2040js boards-table serial-demo fuzz
 
 all: native
 
@@ -65,6 +65,13 @@ serial-demo: native firmware-mps2_an500
 
 test: native firmware rp2040js
 	MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs
+
+# The host suite alone (no firmware, no emulators): what `make test-host SANITIZE=1` runs under
+# AddressSanitizer and UBSan in CI (docs/reliability.md). Device tests start MicroPython, qemu
+# or node, which the preloaded sanitizer runtimes must not reach.
+DEVICE_TESTS := test_micropython.py test_serial.py test_serial_example.py test_serial_faults.py test_stack.py
+test-host: native
+	$(SANITIZE_ENV) $(PY) -m pytest tests -q -rs $(addprefix --ignore=tests/,$(DEVICE_TESTS))
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
 # counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host

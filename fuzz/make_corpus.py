@@ -109,33 +109,44 @@ def mobile_ops(seed=3):
                   opset=14)   # HardSwish
 
 
-def int8_cnn(seed=5):
-    """conv, conv -> relu -> maxpool -> conv + residual -> avgpool -> gap -> gemm, gemm: with
-    quantize="int8" the frozen layers run int8 (every int8 op), and with int8_scope "frozen" and the
-    first conv trainable the gradient passes back through them (the int8 backward ops)."""
+def int8_net(seed=7):
+    """conv-relu, depthwise conv-relu6 with a residual add, 3x3 max pooling, 2x2 average pooling,
+    global average pooling, Gemm-relu-Gemm: every int8 op and, trained through, their backward."""
     rng = np.random.default_rng(seed)
     w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
-    n = helper.make_node
-    nodes = [n("Conv", ["x", "c0.weight", "c0.bias"], ["a0"], pads=[1, 1, 1, 1], name="c0"),
-             n("Conv", ["a0", "c1.weight", "c1.bias"], ["a1"], pads=[1, 1, 1, 1], name="c1"),
-             n("Relu", ["a1"], ["r1"], name="r1"),
-             n("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="max"),
-             n("Conv", ["p1", "c2.weight", "c2.bias"], ["a2"], pads=[1, 1, 1, 1], name="c2"),
-             n("Add", ["a2", "p1"], ["s"], name="add"),
-             n("AveragePool", ["s"], ["q"], kernel_shape=[2, 2], strides=[1, 1], name="avg"),
-             n("GlobalAveragePool", ["q"], ["g"], name="gap"),
-             n("Flatten", ["g"], ["f"], name="flat"),
-             n("Gemm", ["f", "fc1.weight", "fc1.bias"], ["h"], transB=1, name="fc1"),
-             n("Gemm", ["h", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
-    return _model(nodes, {"c0.weight": w(3, 2, 3, 3), "c0.bias": w(3), "c1.weight": w(3, 3, 3, 3), "c1.bias": w(3),
-                          "c2.weight": w(3, 3, 3, 3), "c2.bias": w(3), "fc1.weight": w(4, 3), "fc1.bias": w(4),
-                          "fc.weight": w(2, 4), "fc.bias": w(2)}, [1, 2, 6, 6], [1, 2], "int8_cnn")
+    nodes = [helper.make_node("Conv", ["x", "c.weight", "c.bias"], ["a"], pads=[1, 1, 1, 1], name="c"),
+             helper.make_node("Relu", ["a"], ["ar"], name="r1"),
+             helper.make_node("Conv", ["ar", "dw.weight", "dw.bias"], ["d"], pads=[1, 1, 1, 1], group=4, name="dw"),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["d6"], name="relu6"),
+             helper.make_node("Add", ["ar", "d6"], ["s"], name="res"),
+             helper.make_node("MaxPool", ["s"], ["m"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="max"),
+             helper.make_node("AveragePool", ["m"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="avg"),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "fc1.weight", "fc1.bias"], ["h"], transB=1, name="fc1"),
+             helper.make_node("Relu", ["h"], ["hr"], name="r2"),
+             helper.make_node("Gemm", ["hr", "fc2.weight", "fc2.bias"], ["y"], transB=1, name="fc2")]
+    return _model(nodes, {"c.weight": w(4, 1, 3, 3), "c.bias": w(4), "dw.weight": w(4, 1, 3, 3), "dw.bias": w(4),
+                          "lo": np.float32(0), "hi": np.float32(6), "fc1.weight": w(6, 4), "fc1.bias": w(6),
+                          "fc2.weight": w(3, 6), "fc2.bias": w(3)}, [1, 1, 6, 6], [1, 3], "int8_net")
+
+
+def int8_seeds(c):
+    """int8 plans of int8_net (docs/quantization.md): trained through every frozen int8 layer, and
+    an int8 prefix with uint8 input ahead of a float last layer."""
+    calib = np.random.default_rng(0).normal(0, 1, (16, 1, 6, 6)).astype(np.float32)
+    q = dict(quantize="int8", calibration=calib)
+    return {
+        "int8_through_frozen": c(int8_net(), update=["c.weight", "c.bias", "fc2.weight", "fc2.bias"], lr=0.05,
+                                 int8_scope="frozen", **q),
+        "int8_prefix_uint8_input": c(int8_net(seed=8), update="last-layer", lr=0.05, momentum=0.9,
+                                     input_dtype="uint8", input_quant=(1 / 255, 0), **q),
+    }
 
 
 def seeds():
     """{name: Plan}"""
     mlp, cnn = models.mlp, models.cnn
-    calib = np.random.default_rng(0).normal(size=(8, 2, 6, 6)).astype(np.float32)
     c = microtrain.compile
     out = {
         "mlp_ce_full_mom": c(mlp(n_in=8, hidden=6, n_out=3), update="full", lr=0.05, momentum=0.9),
@@ -160,12 +171,10 @@ def seeds():
                                       clip_grad=1.0),
         "mobile_ops_full_mom": c(mobile_ops(), update="full", lr=0.05, momentum=0.9),
         "mobile_ops_mse_batch2": c(mobile_ops(seed=4), update="full", loss="mse", lr=0.05, batch=2),
-        "int8_last_layer": c(int8_cnn(), update="last-layer", lr=0.05, quantize="int8", calibration=calib),
-        "int8_frozen_backward": c(int8_cnn(seed=6), update=["c0.weight", "c0.bias"], lr=0.05, quantize="int8",
-                                  calibration=calib, int8_scope="frozen"),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
     }
+    out.update(int8_seeds(c))
     return out
 
 

@@ -5,7 +5,8 @@ import numpy as np
 
 from microtrain import format as F
 from microtrain.ir import Quant
-from microtrain.plan import Plan, assign_memory, write_plan
+from microtrain.memory import assign_memory
+from microtrain.plan import Plan, write_plan
 from microtrain.training import TOp, TTensor
 
 

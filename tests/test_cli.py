@@ -116,7 +116,7 @@ def test_version_and_help(files):
         microtrain.__version__, F.VERSION)
     from microtrain.cli import parser
     subs = next(a for a in parser()._actions if a.dest == "cmd").choices
-    assert set(subs) == {"compile", "report", "simulate", "export", "boards", "flash", "deploy", "train", "eval", "pull"}
+    assert set(subs) == {"compile", "report", "simulate", "export", "boards", "flash", "deploy", "train", "eval", "pull", "romfs"}
     for cmd, sub in subs.items():
         text = " ".join(run(cmd, "--help").stdout.split())
         for action in sub._actions:

@@ -30,7 +30,10 @@ def test_mcu_networks_quantize_for_last_layer_training(model):
     assert q["param_bytes"] == f["param_bytes"]             # the classifier trains in float32 in both
     assert 3.5 <= f["arena_bytes"] / q["arena_bytes"] <= 4.5, (f, q)
     assert 2.9 <= f["const_bytes"] / q["const_bytes"] <= 4.1, (f, q)
-    assert q["flash_bytes"] < f["flash_bytes"] / 2.9
+    # int8 weights take a quarter of float's bytes; flash also holds each int8 layer's per-channel
+    # requantization tables (mult, shift: 8 B per output channel) and scales: 2.6x on MbV2-w0.35,
+    # whose thin layers have many channels per weight byte
+    assert q["flash_bytes"] < f["flash_bytes"] / 2.5
 
 
 def test_int8_backbone_recovers_the_float_backbones_gain():

@@ -28,7 +28,7 @@ def sample(sim, rng):
 
 def own_lifetimes(plan):
     """(first, last) op index of each tensor, worked out here from the op list alone (not with
-    plan.lifetimes, report() or the planner): the ops that name it in a slot; the input and the
+    memory.lifetimes, report() or the planner): the ops that name it in a slot; the input and the
     target are written before op 0. A tensor that shares another's memory (a view, an op run in
     place: the plan's meta says which) keeps that memory busy for its own lifetime too."""
     n = len(plan.tensors)

@@ -80,7 +80,7 @@ def test_cli_compile_report_simulate(tmp_path):
     assert r == microtrain.load_plan(str(plan)).report()
     svg = tmp_path / "a.svg"
     text = cli("report", plan, "--svg", svg)
-    assert "arena" in text and "RAM needed" in text
+    assert "arena" in text and "RAM (peak)" in text
     root = ET.parse(svg).getroot()
     assert root.tag.endswith("svg") and len(root.findall("{http://www.w3.org/2000/svg}rect")) > 5
     out = cli("simulate", plan, "--data", os.path.join(ROOT, "examples", "digits_user.npz"), "--epochs", "2",

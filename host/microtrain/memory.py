@@ -81,10 +81,6 @@ def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
     return arena, state, planner.naive_size(bufs, F.ALIGN), planner.peak_live_bytes(bufs, F.ALIGN), blobs, data, quants
 
 
-
-
-
-
 def quant_records(tensors, blobs, data):
     """One QUANT_FIELDS record per distinct quantization (tensors get .quant_index); per-channel
     scales and nonzero zero points go to the data section after the constants."""
@@ -113,5 +109,3 @@ def quant_records(tensors, blobs, data):
     if len(records) >= F.NO_QUANT:
         raise ValueError("model too large for plan format %d: %d quantization records" % (F.VERSION, len(records)))
     return records, data
-
-

@@ -382,14 +382,14 @@ MT_INLINE void k3_rows3_grad(const float *d, const float *r0, const float *r1, c
     g[8] = g22;
     for (int32_t j = c->ow - c->pr; j < c->ow; j++) {   /* right edge: taps up to iw - 1 - i */
         const int32_t i = j - c->pl;
-        const float dj = d[j];
-        g[0] += dj * r0[i];
-        g[3] += dj * r1[i];
-        g[6] += dj * r2[i];
+        const float dv = d[j];
+        g[0] += dv * r0[i];
+        g[3] += dv * r1[i];
+        g[6] += dv * r2[i];
         if (i + 1 < c->iw) {
-            g[1] += dj * r0[i + 1];
-            g[4] += dj * r1[i + 1];
-            g[7] += dj * r2[i + 1];
+            g[1] += dv * r0[i + 1];
+            g[4] += dv * r1[i + 1];
+            g[7] += dv * r2[i + 1];
         }
     }
 }
