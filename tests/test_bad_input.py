@@ -199,9 +199,14 @@ def test_unsupported_onnx_op_is_named(op):
 
 def test_broadcast_add_and_weights_from_inputs_are_refused():
     m = models.mlp()
-    m.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((2, 1), np.float32), "one"))
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((1, 97), np.float32), "one"))
     m = models.with_node(m, helper.make_node("Add", ["in", "one"], ["out"], name="bias_like"))
     with pytest.raises(NotImplementedError, match="bias_like.*does not broadcast"):
+        microtrain.compile(m, update="full")
+    m = models.mlp()
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((2, 1), np.float32), "per_sample"))
+    m = models.with_node(m, helper.make_node("Mul", ["in", "per_sample"], ["out"], name="batch_scale"))
+    with pytest.raises(NotImplementedError, match="batch_scale.*has a batch axis.*one sample at a time"):
         microtrain.compile(m, update="full")
 
 
