@@ -132,7 +132,7 @@ ifeq ($(BOARD),)
 firmware: $(addprefix firmware-,$(FIRMWARE_TEST_HERE)) $(if $(MT_HAVE_ARM),natmods-test,$(NATMOD_BUILD)/x64/_microtrain.mpy) \
 		firmware-circuitpython
 	@$(foreach b,$(FIRMWARE_TEST_NOT_HERE),echo "microtrain: skipping firmware $(b): no $(call mt_toolchain_missing,$(b)) (see firmware/README.md)";)
-firmware: microtrain-v0-links
+firmware: microtrain-v0-links $(if $(MT_HAVE_ARM),firmware-natmod-tests)
 else ifeq ($(filter $(MT_BOARD_NAME),$(MT_BOARDS)),)
 firmware:
 	@echo "microtrain: no board profile boards/$(MT_BOARD_NAME).json; the boards are: $(MT_BOARDS)"; exit 2
@@ -140,6 +140,19 @@ else
 firmware: firmware-$(MT_BOARD_NAME)
 endif
 firmware-all: $(addprefix firmware-,$(FIRMWARE_ALL_BOARDS)) natmods firmware-circuitpython
+
+# The native-module device tests (tests/mptargets.py, *-natmod) carry the .mpy (base64, 60 to
+# 80 KB) and their data in each script's source, more than the 140 KB heap of the qemu boards'
+# firmware holds beside the compiled script; they run on the same boards' firmware built with
+# a 1 MB heap, in a tree of its own. (On a real board the .mpy is a file, not script source.)
+NATMOD_TEST_BOARDS ?= mps2_an385 mps2_an386 mps2_an500
+NATMOD_TEST_HEAP ?= 1048576
+NATMOD_FIRMWARE_BUILD ?= $(MICROTRAIN_BUILD)/firmware-natmod-tests
+firmware-natmod-tests:
+	+$(MICROTRAIN_SUBMAKE) -f $(firstword $(MAKEFILE_LIST)) $(addprefix firmware-,$(NATMOD_TEST_BOARDS)) \
+	    MICROPY_DIR="$(MICROPY_DIR)" FIRMWARE_BUILD="$(NATMOD_FIRMWARE_BUILD)" \
+	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(NATMOD_TEST_HEAP)"
+.PHONY: firmware-natmod-tests
 # v0's paths (build/micropython-unix, build/micropython-qemu), which benchmarks and
 # tests/test_bench.py use, as links to the boards' build directories
 microtrain-v0-links: $(addprefix firmware-,$(filter unix mps2_an500,$(FIRMWARE_TEST_HERE)))

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-MUST_RUN_IN_CI = ("test_micropython.py",)
+MUST_RUN_IN_CI = ("test_micropython.py", "test_romfs_qemu.py")
 
 
 def in_ci():

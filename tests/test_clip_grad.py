@@ -149,13 +149,15 @@ def test_clip_grad_is_validated():
     clip_at = next(pos for code, pos in ops if code == F.OPS_BY_NAME["GRAD_CLIP"].code)
     spec = F.OPS_BY_NAME["GRAD_CLIP"]
     attr_at = clip_at + F.OP_HEAD_BYTES + ((2 * len(spec.slots) + 3) & ~3)
-    for bad in (0.0, -1.0, float("nan"), float("inf")):
+    # a subnormal bound too: a board that flushes subnormals to zero (the RP2040's float
+    # library) would read 0, so the plan would be valid on the host and refused there
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1e-45, 2.0 ** -127):
         b = bytearray(plan.data)
         struct.pack_into("<f", b, attr_at, bad)
         struct.pack_into("<I", b, F.header_offsets()["crc32"], zlib.crc32(bytes(b[F.CRC_START:])))
         with pytest.raises(PlanError, match="shapes do not fit the op"):
             Core(bytes(b))
-    for bad in (0, -1, float("nan")):
+    for bad in (0, -1, float("nan"), 1e-40):
         with pytest.raises((ValueError, TypeError)):
             microtrain.compile(models.mlp(), update="full", clip_grad=bad)
 

@@ -33,10 +33,18 @@ def _compile(args):
     if args.quantize and calibration is None:
         raise ValueError("--quantize int8 needs --calibration CALIB.npz: typical inputs (array x, samples first) "
                          "to set the int8 scales from")
-    plan = compile(args.model, update=args.update, loss=args.loss, lr=args.lr, momentum=args.momentum,
-                   weight_decay=args.weight_decay, batch=args.batch, planner=args.planner,
-                   clip_grad=args.clip_grad, quantize=args.quantize, calibration=calibration,
-                   input_dtype=args.input_dtype, int8_scope=args.int8_scope)
+    options = dict(loss=args.loss, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                   batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
+                   calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
+                   saved=args.saved)
+    if args.budget is not None:
+        if args.update != "last-layer" or args.scheme:
+            raise ValueError("--budget chooses what trains: give it without --update/--scheme")
+        from .budget import choose
+        scheme, plan = choose(args.model, args.budget, log=lambda line: print("budget: " + line), **options)
+        print("budget: scheme " + json.dumps(scheme))
+    else:
+        plan = compile(args.model, update=args.update, scheme=args.scheme, **options)
     fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
@@ -121,7 +129,9 @@ def _report(args):
     from .plan import load_plan
     if args.svg:
         _writable(args.svg, "--svg")
-    r = load_plan(args.plan).report()
+    from .peak import alive_at_peak
+    plan = load_plan(args.plan)
+    r = plan.report()
     fit = _board_check(r, args.board)
     if args.svg:
         from .svg import arena_svg
@@ -131,6 +141,14 @@ def _report(args):
         print(json.dumps(r, indent=1))
     else:
         print_report(r)
+        a = alive_at_peak(plan)   # what bounds the arena: the op with the most live bytes, and those tensors
+        print("arena peak      %s live at op %d %s (%s): %s" % (
+            _kb(a["live_bytes"]), a["op"], a["op_name"], a["phase"].lower(),
+            ", ".join("%s %s" % (n, _kb(b)) for n, b, _, _, _ in a["tensors"])))
+        for name, c in sorted(plan.meta.get("channels", {}).items()):
+            print("channels        %s: %d %s channels of %d" % (
+                name, len(c["channels"]), "input" if c["axis"] == 1 else "output",
+                plan.meta["param_shapes"][name][c["axis"]]))
         if args.svg:
             print("\narena picture written to %s" % args.svg)
         for line in fit:
@@ -275,7 +293,16 @@ def parser():
     c.add_argument("-o", "--output", required=True, metavar="PLAN.mtp", help="plan file to write")
     c.add_argument("--update", default="last-layer",
                    help="what trains: last-layer, bias (every bias), last:K (the last K layers), full, none (an "
-                   "inference-only plan), or a JSON file listing initializer names")
+                   "inference-only plan), a JSON file listing initializer names, or a MIT sparse-update scheme "
+                   "(JSON: one entry of a *.schemes.json `schemes` list, or the whole file with --scheme)")
+    c.add_argument("--saved", choices=["float32", "int8"], default="float32",
+                   help="int8: keep the ReLU6 outputs the backward reads as int8 (a quarter of the bytes; as an "
+                   "int8 model, outputs within half a step of the clamp pass no gradient). docs/sparse.md")
+    c.add_argument("--budget", metavar="SIZE", default=None,
+                   help="choose what trains so that peak RAM fits SIZE (e.g. 200KB): the classifier, the biases "
+                   "of the last convs, then input-channel fractions of their weights (docs/sparse.md)")
+    c.add_argument("--scheme", metavar="NAME", default=None,
+                   help="the scheme of a *.schemes.json --update file to use (for example 49kb); docs/sparse.md")
     c.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"],
                    help="cross-entropy (softmax fused; integer labels) or mse (float targets shaped like the output)")
     c.add_argument("--lr", type=_number, default=0.01, help="learning rate of SGD")

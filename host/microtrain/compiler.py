@@ -15,6 +15,9 @@ LOSSES = ("cross-entropy", "mse")
 PLANNERS = ("greedy", "naive")
 
 
+FLT32_MIN_NORMAL = 2.0 ** -126   # the smallest normal float32
+
+
 def _positive_float(name, v, allow_zero=True):
     try:
         f = float(v)
@@ -27,7 +30,8 @@ def _positive_float(name, v, allow_zero=True):
 
 def optimizer_state(tensors, ops):
     """{parameter: {"momentum": tensor index or None, "accumulator": tensor index or None}}, from
-    the ops that update parameters (their "w" slot is the parameter, "m" and "acc" its state)."""
+    the ops that update parameters (their "w" slot is the parameter, "m" and "acc" its state); a
+    list of indices where a channel-sparse weight has a momentum per channel run."""
     out = {}
     for o in ops:
         slot = {s.name: (s.role, t) for s, t in zip(o.spec.slots, o.slots)}
@@ -35,22 +39,28 @@ def optimizer_state(tensors, ops):
             continue
         state = out.setdefault(tensors[slot["w"][1]].name, {"momentum": None, "accumulator": None})
         for name, key in (("m", "momentum"), ("acc", "accumulator")):
-            if slot[name][1] is not None:
-                state[key] = slot[name][1]
+            t = slot[name][1]
+            if t is None or t == state[key] or (isinstance(state[key], list) and t in state[key]):
+                continue
+            # a channel-sparse weight has one momentum per channel run: their list
+            state[key] = t if state[key] is None else (state[key] if isinstance(state[key], list) else [state[key]]) + [t]
     return out
 
 
 QUANTIZE = (None, "int8")
+SAVED = ("float32", "int8")
 INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 
 
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
-            input_dtype="float32", input_quant=None, int8_scope="prefix"):
+            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
-    or a list of initializer names. loss: "cross-entropy" (softmax fused) or "mse".
+    or a list of initializer names, or a MIT sparse-update scheme (a JSON file holding one
+    scheme, or a *.schemes.json file with scheme=NAME; a dict also works): weights may then train
+    on some of their channels only (docs/sparse.md). loss: "cross-entropy" (softmax fused) or "mse".
     batch: samples per update (1 updates after every sample). planner:
     "greedy" shares arena memory between tensors whose lifetimes do not
     overlap and runs element-wise ops in place; "naive" gives every tensor its
@@ -66,7 +76,20 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     quantization: the input's, or input_quant=(scale, zero_point)). int8_scope: "prefix" runs int8
     only what comes before the first trainable layer, "frozen" every frozen layer (gradients then
     pass through int8 layers in float). docs/quantization.md.
+    saved: "int8" keeps the ReLU6 (Clip(0, hi)) outputs the backward reads as int8 copies, a
+    quarter of the float bytes; outputs within half an int8 step of 0 or hi then pass no gradient,
+    as in an int8 model (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
+    of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen).
     """
+    if budget is not None:   # choose what trains (budget.py), then the plan of that choice
+        from .budget import choose
+        if update != "last-layer" or scheme is not None:
+            raise ValueError("budget chooses what trains: give it without update/scheme")
+        return choose(model, budget, loss=loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
+                      planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
+                      input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved)[1]
+    if saved not in SAVED:
+        raise ValueError("unknown saved %r; use one of %s" % (saved, ", ".join(SAVED)))
     if loss not in LOSSES:
         raise ValueError("unknown loss %r; use one of %s" % (loss, ", ".join(LOSSES)))
     if planner not in PLANNERS:
@@ -83,6 +106,9 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     weight_decay = _positive_float("weight_decay", weight_decay)
     if clip_grad is not None:
         clip_grad = _positive_float("clip_grad", clip_grad, allow_zero=False)
+        if clip_grad < FLT32_MIN_NORMAL:   # the core refuses subnormal float32 bounds (mt_f32_positive_normal)
+            raise ValueError("clip_grad must be at least %g (the smallest normal float32), got %r"
+                             % (FLT32_MIN_NORMAL, clip_grad))
     if momentum >= 1:
         raise ValueError("momentum must be below 1, got %r" % momentum)
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 65535:
@@ -94,7 +120,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                          "output '%s' has shape %s. Add GlobalAveragePool + Flatten (or Flatten + a Linear head) "
                          "before the output, or use --loss mse to train towards a target of that shape"
                          % (graph.output, tuple(out_shape)))
-    trainable = set() if update == "none" else resolve_update(graph, update)
+    trainable, channels = resolve_selection(graph, update, scheme)
     if loss == "mse" and graph.dropped_output_op:
         raise ValueError("mse loss with a dropped %s output" % graph.dropped_output_op)
     if quantize == "int8":
@@ -115,17 +141,31 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                          "model" % input_dtype)
     return build_plan(graph, trainable, loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, update=update, input_dtype=INPUT_DTYPES[input_dtype],
-                      clip_grad=clip_grad)
+                      clip_grad=clip_grad, channels=channels, saved=saved,
+                      update_meta=update if scheme is None else "%s:%s" % (update, scheme))
+
+
+def resolve_selection(graph, update, scheme=None):
+    """(trainable parameter names, {weight: (axis, channels)} of channel-sparse weights)."""
+    from .schemes import is_scheme_file, resolve_scheme
+    if isinstance(update, dict) or scheme is not None or (isinstance(update, str) and update.endswith(".json")
+                                                          and is_scheme_file(update)):
+        return resolve_scheme(graph, update, scheme)
+    return (set() if update == "none" else resolve_update(graph, update)), {}
 
 
 def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="greedy", guard=0,
-               update="none", input_dtype="F32", clip_grad=None):
+               update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None, saved="float32"):
     """The Plan of an IR graph (ir.Graph): the training step for `trainable` (a set of parameter
     names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
     # every tensor can be read after a step (debugging, tests)
+    channels = channels or {}
     tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive",
-                                  clip_grad=clip_grad)
+                                  clip_grad=clip_grad, channels=channels, saved=saved)
+    if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
+        raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
+                         "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")
     out = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["OUTPUT"])
     inp = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["INPUT"])
     tgt = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["TARGET"])
@@ -136,7 +176,10 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     origins = {p: o for p, o in graph.origins.items() if p in values}
     meta = {
         "microtrain": __version__,
-        "update": update if isinstance(update, str) else sorted(update),
+        "update": update_meta if isinstance(update_meta, str) else update if isinstance(update, str)
+        else update if isinstance(update, dict) else sorted(update),
+        # weights that train on some channels only: axis (0 output, 1 input channels) and channels
+        "channels": {p: {"axis": a, "channels": list(c)} for p, (a, c) in sorted(channels.items())},
         "input": {"name": graph.input, "shape": [1] + list(values[graph.input].onnx_shape[1:])},
         "output": {"name": graph.output, "shape": [1] + list(values[graph.output].onnx_shape[1:])},
         "param_shapes": {t.name: list(t.onnx_shape) for t in tensors if t.flags & F.TFLAGS["PARAM"]},
@@ -151,6 +194,7 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         "optimizer": optimizer_state(tensors, ops),
         "planner": planner,
         "clip_grad": clip_grad,
+        "saved": saved,
         # tensors that share another's memory (views, ops run in place): index -> index of the owner
         "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},
     }

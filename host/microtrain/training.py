@@ -20,7 +20,7 @@ import numpy as np
 
 from . import format as F
 from . import q8_rules
-from .ir import Graph
+from .ir import Graph, Quant
 
 
 @dataclass
@@ -61,10 +61,14 @@ def f32_bits(v):
 
 
 class Builder:
-    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None):
+    def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None,
+                 saved="float32"):
         self.g = graph
+        self.saved = saved                      # "int8": ReLU6 outputs kept for backward as int8 (Clip rule)
+        self.saved_q = {}                       # value name -> its int8 copy
         self.clip_grad = clip_grad
         self.trainable = set(trainable)
+        self.channels = dict(channels or {})   # weight -> (axis, channels): trains on those channels only
         self.loss = loss
         self.batch = batch
         self.momentum = momentum
@@ -108,22 +112,34 @@ class Builder:
     def view(self, of, shape, name):
         return self.tensor(TTensor(name, tuple(shape), view_of=of))
 
-    def sink(self, pname):
+    def sink(self, pname, part=None):
         """The optimizer slots (momentum, accumulator) of a gradient op for a trainable parameter,
         whose tensors are created once. With batch 1 the gradient op updates the parameter at
         once, unless several layers share the parameter: their gradients are summed in an
         accumulator first (as PyTorch sums a tied weight's), and an SGD op at the end of the
-        batch applies them, so a backward-input op never sees a weight the forward did not use."""
+        batch applies them, so a backward-input op never sees a weight the forward did not use.
+        part = (label, shape): the op trains one channel run of the parameter; with batch 1 its
+        momentum then holds only that run (an SGD op needs a whole-parameter accumulator)."""
+        if part is not None and not self.needs_acc(pname):
+            label, shape = part
+            self.opt.setdefault(pname, (None, None))
+            if self.momentum == 0:
+                return [None, None]
+            return [self.tensor(TTensor("mom(%s)%s" % (pname, label), tuple(shape), storage="STATE",
+                                        flags=F.TFLAGS["MOMENTUM"])), None]
         if pname not in self.opt:
             p = self.tensors[self.index[pname]]
             m = acc = None
-            if self.batch > 1 or self.users[pname] > 1 or self.clip_grad:
+            if self.needs_acc(pname):
                 acc = self.tensor(TTensor("acc(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["GRAD_ACC"]))
             if self.momentum > 0:
                 m = self.tensor(TTensor("mom(%s)" % pname, p.shape, storage="STATE", flags=F.TFLAGS["MOMENTUM"]))
             self.opt[pname] = (m, acc)
         m, acc = self.opt[pname]
         return [m if acc is None else None, acc]
+
+    def needs_acc(self, pname):
+        return self.batch > 1 or self.users[pname] > 1 or bool(self.clip_grad)
 
     # ---- build ----
     def live_nodes(self):
@@ -152,6 +168,15 @@ class Builder:
             for p in (n.weight(), n.bias()):
                 if p in self.trainable:
                     self.users[p] = self.users.get(p, 0) + 1
+        # which values need a gradient: those downstream of a trainable parameter
+        # (a view needs one when its source does, so views are resolved as each node is
+        # reached: a view feeding a parameterless op must not cut the gradient). Known before
+        # the forward ops, which may save a compact copy of what the backward will read.
+        self.needs = set(self.trainable)
+        for n in nodes:
+            if any(self.needs_grad(i) for i in n.inputs if i):
+                self.needs.add(n.output)
+        self.needs.update(name for name in self.g.values if self.needs_grad(name))
         x = self.value_tensor(self.g.input)
         self.tensors[x].flags |= F.TFLAGS["INPUT"]
         for n in nodes:
@@ -165,14 +190,6 @@ class Builder:
         self.target, self.output, self.input = target, out, x
         if not self.trainable:   # an inference-only plan: the forward ops alone
             return self.tensors, self.ops
-        # which values need a gradient: those downstream of a trainable parameter
-        # (a view needs one when its source does, so views are resolved as each node is
-        # reached: a view feeding a parameterless op must not cut the gradient)
-        self.needs = set(self.trainable)
-        for n in nodes:
-            if any(self.needs_grad(i) for i in n.inputs if i):
-                self.needs.add(n.output)
-        self.needs.update(name for name in self.g.values if self.needs_grad(name))
         dout = self.grad_tensor(self.g.output, out)
         self.op("SOFTMAX_CE" if self.loss == "cross-entropy" else "MSE", "TRAIN", [out, target, dout], source="loss")
         self.contribute(self.g.output, dout)   # the output may be a view (Flatten last): reach its source
@@ -318,10 +335,29 @@ class Layer:
                 O, K = w.shape[0], w.shape[1]
             else:
                 O, K = (w.shape[0], w.shape[1]) if n.attrs["w_layout"] == F.W_LAYOUT_OUT_IN else (w.shape[1], w.shape[0])
-            b.op("CONV2D_BWD_WEIGHT" if conv else "GEMM_BWD_WEIGHT", "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight()),
-                 self.attrs(n) + [0, O, 0, K], n.onnx_name, macs)
+            name = "CONV2D_BWD_WEIGHT" if conv else "GEMM_BWD_WEIGHT"
+            if n.weight() not in b.channels:
+                b.op(name, "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight()), self.attrs(n) + [0, O, 0, K],
+                     n.onnx_name, macs)
+            for o0, oc, k0, kc in self.runs(b, n, O, K):   # a channel-sparse weight: one op per channel run
+                taps = list(w.shape[2:]) if conv else []
+                shape = [oc, kc] + taps if conv or n.attrs["w_layout"] == F.W_LAYOUT_OUT_IN else [kc, oc]
+                label = "[%d:%d]" % ((o0, o0 + oc) if oc != O else (k0, k0 + kc))
+                b.op(name, "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight(), (label, shape)),
+                     self.attrs(n) + [o0, oc, k0, kc], n.onnx_name, macs * oc * kc // (O * K))
         if n.bias() in b.trainable:
             b.op("BIAS_BWD", "TRAIN", [dy, ins[2]] + b.sink(n.bias()), [0, b.tensors[ins[2]].shape[0]], n.onnx_name)
+
+
+    @staticmethod
+    def runs(b, n, O, K):
+        """(o_begin, o_count, i_begin, i_count) per contiguous run of a channel-sparse weight's
+        channels (axis 0: output channels, also a depthwise conv's; axis 1: input channels)."""
+        if n.weight() not in b.channels:
+            return []
+        from .schemes import channel_runs
+        axis, chans = b.channels[n.weight()]
+        return [(c0, cn, 0, K) if axis == 0 else (0, O, c0, cn) for c0, cn in channel_runs(chans)]
 
 
 @rule("clip")
@@ -333,13 +369,36 @@ class Clip:
         return [f32_bits(n.attrs["lo"]), f32_bits(n.attrs["hi"])]
 
     def forward(self, b, n, ins, y):
-        return b.op("CLIP", "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
+        op = b.op("CLIP", "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
+        lo, hi = n.attrs["lo"], n.attrs["hi"]
+        if b.saved == "int8" and b.wants(n.inputs[0]) and lo == 0 and math.isfinite(hi) and hi > 0 \
+                and self.only_clip_bwd_reads(b, n.output):
+            # the backward needs only where 0 < y < hi: an int8 copy, 0 -> -128 and hi -> 127, lets the
+            # float y go after its forward readers (MIT saves int8 outputs too); y within half a step of
+            # 0 or hi then counts as clamped (the fake-quantized model's gradient, docs/sparse.md)
+            t = b.tensors[y]
+            q = b.tensor(TTensor(n.output + "@int8", t.shape, dtype="I8", onnx_shape=t.onnx_shape,
+                                 quant=Quant(np.float32(hi / 255.0), -128)))
+            b.op("QUANTIZE", "FORWARD", [y, q], [], n.onnx_name)
+            b.saved_q[n.output] = q
+        return op
+
+    @staticmethod
+    def only_clip_bwd_reads(b, name):
+        """Whether the backward reads value `name` only for this Clip's mask: every reader is a
+        layer whose weight does not train (its backward reads dy and the weight, not x)."""
+        users = b.g.consumers(name)
+        return bool(users) and all(u.op in ("conv", "gemm") and u.inputs[0] == name and u.weight() not in b.trainable
+                                   for u in users)
 
     def backward(self, b, n, ins, dy):
         x = n.inputs[0]
         if b.wants(x):
             dx = b.grad_tensor(x, ins[0])
-            b.op("CLIP_BWD", "TRAIN", [b.index[n.output], dy, dx], self.attrs(n), n.onnx_name)
+            if n.output in b.saved_q:
+                b.op("CLIP_BWD_Q8", "TRAIN", [b.saved_q[n.output], dy, dx], [-128, 127], n.onnx_name)
+            else:
+                b.op("CLIP_BWD", "TRAIN", [b.index[n.output], dy, dx], self.attrs(n), n.onnx_name)
             b.contribute(x, dx)
 
 
@@ -510,10 +569,13 @@ def macs_total(ops):
     return sum(o.macs for o in ops)
 
 
-def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None):
+def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None,
+                   saved="float32"):
     """(tensors, ops) of the training step (the forward ops alone when nothing trains).
     inplace=False gives every value its own tensor memory; clip_grad: the largest L2 norm of
-    the batch's gradient over all trainable parameters, or None."""
+    the batch's gradient over all trainable parameters, or None; channels: {weight: (axis,
+    channels)} for weights that train on some channels only (schemes.py); saved: "int8" keeps
+    ReLU6 outputs for the backward as int8 (Clip rule)."""
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
-    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad).build()
+    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad, channels, saved).build()

@@ -59,14 +59,19 @@ def _count(update):
     return k
 
 
-def _read_json(path):
+def load_json(path, what="update file"):
+    """A JSON file's contents; ValueError naming the file when it cannot be read or parsed."""
     try:
         with open(path) as f:
-            doc = json.load(f)
+            return json.load(f)
     except OSError as e:
-        raise ValueError("cannot read update file %s: %s" % (path, e.strerror)) from e
+        raise ValueError("cannot read %s %s: %s" % (what, path, e.strerror)) from e
     except json.JSONDecodeError as e:
-        raise ValueError("update file %s is not valid JSON: %s" % (path, e)) from e
+        raise ValueError("%s %s is not valid JSON: %s" % (what, path, e)) from e
+
+
+def _read_json(path):
+    doc = load_json(path)
     if isinstance(doc, dict):
         doc = doc.get("trainable")
     if not isinstance(doc, list) or not all(isinstance(n, str) for n in doc):

@@ -377,8 +377,8 @@ static mt_ctx_t *get_ctx(mt_trainer_obj_t *self) {
         mp_buffer_info_t bi;
         if (!mp_get_buffer(self->plan_obj, &bi, MP_BUFFER_READ) || bi.buf != self->plan_buf
             || bi.len != self->plan_len) {
-            mp_raise_ValueError(MP_ERROR_TEXT("microtrain: the plan buffer was resized or moved after Trainer() "
-                "read it; keep it unchanged while the Trainer is used, or make a new Trainer"));
+            /* one literal: CircuitPython's message extraction does not join adjacent ones */
+            mp_raise_ValueError(MP_ERROR_TEXT("microtrain: the plan buffer was resized or moved after Trainer() read it; keep it unchanged while the Trainer is used, or make a new Trainer"));
         }
     }
     return &self->ctx;

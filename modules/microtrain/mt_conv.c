@@ -699,7 +699,8 @@ const mt_opdef_t mt_op_CONV2D_BWD_INPUT = {conv_bwd_input_check, conv_bwd_input_
 
 /* ---- CONV2D_BWD_WEIGHT: each weight's gradient summed completely, then handed
  * to the sink, so with batch 1 no gradient buffer exists. The trained part is
- * output channels [o0, o1) and input channels (within a group) [i0, i1). ---- */
+ * output channels [o0, o1) and input channels (within a group) [i0, i1); a
+ * part-sized momentum/accumulator holds it as [o1-o0, i1-i0, KH, KW]. ---- */
 
 typedef struct {
     mt_rec_t h;
@@ -715,7 +716,9 @@ static int conv_bwd_weight_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     return conv_check_shapes(a, &t[MT_CONV2D_BWD_WEIGHT_X], w, &t[MT_CONV2D_BWD_WEIGHT_DY])
            && mt_range_ok(a[MT_CONV2D_BWD_WEIGHT_A_O_BEGIN], a[MT_CONV2D_BWD_WEIGHT_A_O_COUNT], w->dim[0])
            && mt_range_ok(a[MT_CONV2D_BWD_WEIGHT_A_I_BEGIN], a[MT_CONV2D_BWD_WEIGHT_A_I_COUNT], w->dim[1])
-           && mt_sink_check(ctx, w, &t[MT_CONV2D_BWD_WEIGHT_M], &t[MT_CONV2D_BWD_WEIGHT_ACC], 1) ? MT_OK : MT_E_SHAPE;
+           && mt_sink_check(ctx, w, &t[MT_CONV2D_BWD_WEIGHT_M], &t[MT_CONV2D_BWD_WEIGHT_ACC], 1,
+               (uint32_t)a[MT_CONV2D_BWD_WEIGHT_A_O_COUNT] * (uint32_t)a[MT_CONV2D_BWD_WEIGHT_A_I_COUNT]
+               * w->dim[2] * w->dim[3]) ? MT_OK : MT_E_SHAPE;
 }
 
 static uint32_t conv_bwd_weight_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
@@ -745,30 +748,33 @@ static int conv_bwd_weight_run(mt_ctx_t *ctx, const void *rec) {
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW;
     pass_t p;
     pass_of(g, &p);
+    const uint32_t ic = r->i1 - r->i0, taps = (uint32_t)(g->KH * g->KW);
     for (uint32_t o = r->o0; o < r->o1; o++) {
         const float *dyo = dy + o * oplane;
         const float *xg = x + (o / g->Og) * g->Cg * plane;
+        const uint32_t prow = (o - r->o0) * ic;   /* row o in a part-sized state */
         if (r->h.kind == KIND_POINTWISE) {   /* dw[o][c] = dy[o] . x[c], a chunk of channels at a time */
             float grad[16];
             for (uint32_t c = r->i0; c < r->i1; c += 16) {
                 uint32_t n = r->i1 - c < 16 ? r->i1 - c : 16;
                 pw_grads(dyo, xg + c * plane, n, (uint32_t)plane, grad);
-                mt_sink_vec(ctx, &r->s, o * g->Cg + c, grad, n);
+                mt_sink_vec(ctx, &r->s, o * g->Cg + c, prow + c - r->i0, grad, n);
             }
             continue;
         }
         for (uint32_t c = r->i0; c < r->i1; c++) {
-            const uint32_t at = (o * g->Cg + c) * g->KH * g->KW;
+            const uint32_t at = (o * g->Cg + c) * taps, pat = (prow + c - r->i0) * taps;
             if (r->h.kind == KIND_K3) {
                 float grad[9] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
                 pass_grad_k3(&p, xg + c * plane, dyo, grad);
-                mt_sink_vec(ctx, &r->s, at, grad, (uint32_t)p.KH * 3u);
+                mt_sink_vec(ctx, &r->s, at, pat, grad, (uint32_t)p.KH * 3u);
                 continue;
             }
             for (int32_t ky = 0; ky < p.KH; ky++) {
                 for (int32_t kx = 0; kx < p.KW; kx++) {
                     float acc = tap_gradient(&p, xg + c * plane, dyo, ky, kx);
-                    mt_sink_vec(ctx, &r->s, at + (uint32_t)(ky * p.KW + kx), &acc, 1);
+                    const uint32_t tap = (uint32_t)(ky * p.KW + kx);
+                    mt_sink_vec(ctx, &r->s, at + tap, pat + tap, &acc, 1);
                 }
             }
         }

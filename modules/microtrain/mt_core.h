@@ -99,18 +99,26 @@ enum { MT_SINK_ACC, MT_SINK_SGD, MT_SINK_SGD_WD, MT_SINK_MOM, MT_SINK_MOM_WD };
 
 typedef struct {
     uint32_t w, m, acc;           /* references; m and acc MT_REF_NONE when absent */
-    uint8_t mode, reserved[3];
+    uint8_t mode;
+    uint8_t m_part, acc_part;     /* 1: the buffer holds only the op's trained part (sparse update) */
+    uint8_t reserved;
 } mt_sink_rec_t;
 
+/* part_n: the elements a gradient op trains (w->n unless it trains a channel range); its
+ * momentum and accumulator hold either the whole parameter or only those part_n elements,
+ * row by row in the parameter's order (a channel-sparse update, docs/sparse.md). */
 int mt_sink_check(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
-    int is_grad_op);
+    int is_grad_op, uint32_t part_n);
 void mt_sink_prepare(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
     mt_sink_rec_t *s);
-/* Elements at..at+n of the parameter receive gradients g[i]. */
-void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, const float *g, uint32_t n);
-/* An outer product: for r < rows, elements at + r*stride + [0, n) receive d[r] * v[0..n). */
-void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, const float *d,
-    uint32_t rows, const float *v, uint32_t n);
+/* Elements at..at+n of the parameter receive gradients g[i]; pat is where they sit in a
+ * part-sized momentum/accumulator (at again when the op trains the whole parameter). */
+void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t pat, const float *g,
+    uint32_t n);
+/* An outer product: for r < rows, elements at + r*stride + [0, n) receive d[r] * v[0..n);
+ * in a part-sized state they sit at pat + r*pstride + [0, n). */
+void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, uint32_t pat,
+    uint32_t pstride, const float *d, uint32_t rows, const float *v, uint32_t n);
 
 /* ---- sliding windows (mt_window.c): convolution and pooling geometry ---- */
 
@@ -187,6 +195,7 @@ uint16_t mt_rd_u16(const uint8_t *p);
 void mt_wr_u32(uint8_t *p, uint32_t v);
 float mt_f32_from_bits(int32_t bits);
 int mt_f32_finite(float f);
+int mt_f32_positive_normal(float f);
 int mt_all_finite(const float *p, uint32_t n);
 const char *mt_name_of(const mt_ctx_t *ctx, uint32_t name_off, uint32_t *len);
 const mt_param_rec_t *mt_param_rec(const mt_ctx_t *ctx, uint32_t k);

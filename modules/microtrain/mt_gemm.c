@@ -241,7 +241,8 @@ static int gemm_bwd_weight_check(const mt_ctx_t *ctx, const mt_op_t *op) {
            && t[MT_GEMM_BWD_WEIGHT_DY].n == O && t[MT_GEMM_BWD_WEIGHT_X].n == K
            && mt_range_ok(a[MT_GEMM_BWD_WEIGHT_A_O_BEGIN], a[MT_GEMM_BWD_WEIGHT_A_O_COUNT], O)
            && mt_range_ok(a[MT_GEMM_BWD_WEIGHT_A_I_BEGIN], a[MT_GEMM_BWD_WEIGHT_A_I_COUNT], K)
-           && mt_sink_check(ctx, &t[MT_GEMM_BWD_WEIGHT_W], &t[MT_GEMM_BWD_WEIGHT_M], &t[MT_GEMM_BWD_WEIGHT_ACC], 1)
+           && mt_sink_check(ctx, &t[MT_GEMM_BWD_WEIGHT_W], &t[MT_GEMM_BWD_WEIGHT_M], &t[MT_GEMM_BWD_WEIGHT_ACC], 1,
+               (uint32_t)a[MT_GEMM_BWD_WEIGHT_A_O_COUNT] * (uint32_t)a[MT_GEMM_BWD_WEIGHT_A_I_COUNT])
            ? MT_OK : MT_E_SHAPE;
 }
 
@@ -264,14 +265,16 @@ static uint32_t gemm_bwd_weight_prepare(const mt_ctx_t *ctx, const mt_op_t *op, 
 }
 
 /* Each row of W is contiguous: OUT_IN row o gets dy[o] * x[k0..k1), IN_OUT row k
- * gets x[k] * dy[o0..o1). (A channel list would replace the row ranges.) */
+ * gets x[k] * dy[o0..o1); a part-sized state holds the trained block in the same
+ * layout. (A channel list is several ops, one per contiguous run.) */
 static int gemm_bwd_weight_run(mt_ctx_t *ctx, const void *rec) {
     const gemm_bwd_weight_rec_t *r = rec;
     const float *dy = MT_F32(ctx, r->dy), *x = MT_F32(ctx, r->x);
+    const uint32_t no = r->o1 - r->o0, nk = r->k1 - r->k0;
     if (r->h.kind == MT_W_LAYOUT_OUT_IN) {
-        mt_sink_outer(ctx, &r->s, r->o0 * r->K + r->k0, r->K, dy + r->o0, r->o1 - r->o0, x + r->k0, r->k1 - r->k0);
+        mt_sink_outer(ctx, &r->s, r->o0 * r->K + r->k0, r->K, 0, nk, dy + r->o0, no, x + r->k0, nk);
     } else {
-        mt_sink_outer(ctx, &r->s, r->k0 * r->O + r->o0, r->O, x + r->k0, r->k1 - r->k0, dy + r->o0, r->o1 - r->o0);
+        mt_sink_outer(ctx, &r->s, r->k0 * r->O + r->o0, r->O, 0, no, x + r->k0, nk, dy + r->o0, no);
     }
     return MT_OK;
 }

@@ -76,7 +76,7 @@ static int grad_clip_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     float max_norm = mt_f32_from_bits(op->a[MT_GRAD_CLIP_A_MAX_NORM_BITS]);
     (void)ctx;
     return op->t[MT_GRAD_CLIP_N2].n == 1 && (op->t[MT_GRAD_CLIP_ACC].flags & MT_TFLAG_GRAD_ACC)
-           && mt_f32_finite(max_norm) && max_norm > 0.0f && mt_in_range(op->a[MT_GRAD_CLIP_A_LAST], 0, 1)
+           && mt_f32_positive_normal(max_norm) && mt_in_range(op->a[MT_GRAD_CLIP_A_LAST], 0, 1)
            ? MT_OK : MT_E_SHAPE;
 }
 

@@ -14,11 +14,11 @@
  * parameter shared by two layers sums both gradients first). The SGD op itself
  * needs the accumulator. */
 int mt_sink_check(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
-    int is_grad_op) {
+    int is_grad_op, uint32_t part_n) {
     int has_m = m->n != 0, has_acc = acc->n != 0, want_m = ctx->momentum > 0.0f;
     int ok = is_grad_op ? (has_acc ? !has_m : ctx->batch == 1 && has_m == want_m) : has_acc && has_m == want_m;
-    return ok && (!has_m || (m->n == w->n && (m->flags & MT_TFLAG_MOMENTUM)))
-           && (!has_acc || (acc->n == w->n && (acc->flags & MT_TFLAG_GRAD_ACC)));
+    return ok && (!has_m || ((m->n == w->n || m->n == part_n) && (m->flags & MT_TFLAG_MOMENTUM)))
+           && (!has_acc || ((acc->n == w->n || acc->n == part_n) && (acc->flags & MT_TFLAG_GRAD_ACC)));
 }
 
 /* acc NULL: the sink updates the parameter (the SGD op reads the accumulator itself). */
@@ -28,6 +28,9 @@ void mt_sink_prepare(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_
     s->w = w->ref;
     s->m = has_m ? m->ref : MT_REF_NONE;
     s->acc = acc != NULL && acc->n != 0 ? acc->ref : MT_REF_NONE;
+    s->m_part = (uint8_t)(has_m && m->n != w->n);
+    s->acc_part = (uint8_t)(s->acc != MT_REF_NONE && acc->n != w->n);
+    s->reserved = 0;
     s->mode = (uint8_t)(s->acc != MT_REF_NONE ? MT_SINK_ACC
         : has_m ? (has_wd ? MT_SINK_MOM_WD : MT_SINK_MOM) : (has_wd ? MT_SINK_SGD_WD : MT_SINK_SGD));
 }
@@ -41,6 +44,7 @@ typedef struct {
     float *w, *m, *acc;
     const float *v;
     float d, lr, mu, wd, scale;
+    uint32_t ws, ms, as;          /* row strides of w, m, acc (outer products) */
 } sink_args_t;
 
 /* The update of element k (a constant in each unrolled copy) given its gradient g. */
@@ -105,15 +109,14 @@ MT_INLINE void sink_loop(const int mode, const int form, const sink_args_t *a, u
 }
 
 /* Rows of an outer product two at a time: row r (r < rows) of the parameter, at
- * a->w + r*stride, gets d[r] * v[0..n); each v[k] is loaded once for both rows. */
-MT_INLINE void sink_rows(const int mode, const sink_args_t *a, uint32_t stride, const float *d, uint32_t rows,
-    uint32_t n) {
+ * a->w + r*a->ws (its state at a->m + r*a->ms, a->acc + r*a->as), gets d[r] * v[0..n);
+ * each v[k] is loaded once for both rows. */
+MT_INLINE void sink_rows(const int mode, const sink_args_t *a, const float *d, uint32_t rows, uint32_t n) {
     const float lr = a->lr, mu = a->mu, wd = a->wd;
     uint32_t r = 0;
     for (; r + 2 <= rows; r += 2) {
-        const size_t at = (size_t)r * stride;
-        float *w0 = a->w + at, *w1 = w0 + stride, *m0 = a->m + at, *m1 = m0 + stride;
-        float *c0 = a->acc + at, *c1 = c0 + stride;
+        float *w0 = a->w + (size_t)r * a->ws, *w1 = w0 + a->ws, *m0 = a->m + (size_t)r * a->ms, *m1 = m0 + a->ms;
+        float *c0 = a->acc + (size_t)r * a->as, *c1 = c0 + a->as;
         const float *v = a->v;
         const float d0 = d[r], d1 = d[r + 1];
         uint32_t k = n;
@@ -149,29 +152,29 @@ MT_INLINE void sink_rows(const int mode, const sink_args_t *a, uint32_t stride, 
     }
     if (r < rows) {
         sink_args_t last = *a;
-        const size_t at = (size_t)r * stride;
-        last.w += at;
-        last.m += at;
-        last.acc += at;
+        last.w += (size_t)r * a->ws;
+        last.m += (size_t)r * a->ms;
+        last.acc += (size_t)r * a->as;
         last.d = d[r];
         sink_loop(mode, FORM_OUTER, &last, n);
     }
 }
 
-/* The sink's arrays from element at on; an absent one aliases the parameter (never used then). */
-MT_INLINE void sink_args(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, sink_args_t *a) {
+/* The sink's arrays from element at on (pat in a part-sized state); an absent one aliases
+ * the parameter (never used then). */
+MT_INLINE void sink_args(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t pat, sink_args_t *a) {
     a->w = MT_F32(ctx, s->w) + at;
-    a->m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + at : a->w;
-    a->acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + at : a->w;
+    a->m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + (s->m_part ? pat : at) : a->w;
+    a->acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + (s->acc_part ? pat : at) : a->w;
     a->lr = ctx->lr;
     a->mu = ctx->momentum;
     a->wd = ctx->weight_decay;
 }
 
 MT_INLINE void sink_dispatch(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at,
-    const float *v, float d, uint32_t n, float scale) {
+    uint32_t pat, const float *v, float d, uint32_t n, float scale) {
     sink_args_t a;
-    sink_args(ctx, s, at, &a);
+    sink_args(ctx, s, at, pat, &a);
     a.v = v;
     a.d = d;
     a.scale = scale;
@@ -184,21 +187,25 @@ MT_INLINE void sink_dispatch(const int form, const mt_ctx_t *ctx, const mt_sink_
     }
 }
 
-void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, const float *g, uint32_t n) {
-    sink_dispatch(FORM_VEC, ctx, s, at, g, 0.0f, n, 1.0f);
+void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t pat, const float *g,
+    uint32_t n) {
+    sink_dispatch(FORM_VEC, ctx, s, at, pat, g, 0.0f, n, 1.0f);
 }
 
-void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, const float *d,
-    uint32_t rows, const float *v, uint32_t n) {
+void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, uint32_t pat,
+    uint32_t pstride, const float *d, uint32_t rows, const float *v, uint32_t n) {
     sink_args_t a;
-    sink_args(ctx, s, at, &a);
+    sink_args(ctx, s, at, pat, &a);
     a.v = v;
+    a.ws = stride;
+    a.ms = s->m_part ? pstride : stride;
+    a.as = s->acc_part ? pstride : stride;
     switch (s->mode) {
-        case MT_SINK_ACC: sink_rows(MT_SINK_ACC, &a, stride, d, rows, n); break;
-        case MT_SINK_SGD: sink_rows(MT_SINK_SGD, &a, stride, d, rows, n); break;
-        case MT_SINK_SGD_WD: sink_rows(MT_SINK_SGD_WD, &a, stride, d, rows, n); break;
-        case MT_SINK_MOM: sink_rows(MT_SINK_MOM, &a, stride, d, rows, n); break;
-        default: sink_rows(MT_SINK_MOM_WD, &a, stride, d, rows, n); break;
+        case MT_SINK_ACC: sink_rows(MT_SINK_ACC, &a, d, rows, n); break;
+        case MT_SINK_SGD: sink_rows(MT_SINK_SGD, &a, d, rows, n); break;
+        case MT_SINK_SGD_WD: sink_rows(MT_SINK_SGD_WD, &a, d, rows, n); break;
+        case MT_SINK_MOM: sink_rows(MT_SINK_MOM, &a, d, rows, n); break;
+        default: sink_rows(MT_SINK_MOM_WD, &a, d, rows, n); break;
     }
 }
 
@@ -215,7 +222,8 @@ static int bias_bwd_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     const mt_tensor_t *dy = &op->t[MT_BIAS_BWD_DY], *b = &op->t[MT_BIAS_BWD_W];
     return dy->ndim >= 2 && dy->dim[0] == 1 && b->n == dy->dim[1]
            && mt_range_ok(op->a[MT_BIAS_BWD_A_O_BEGIN], op->a[MT_BIAS_BWD_A_O_COUNT], b->n)
-           && mt_sink_check(ctx, b, &op->t[MT_BIAS_BWD_M], &op->t[MT_BIAS_BWD_ACC], 1) ? MT_OK : MT_E_SHAPE;
+           && mt_sink_check(ctx, b, &op->t[MT_BIAS_BWD_M], &op->t[MT_BIAS_BWD_ACC], 1,
+               (uint32_t)op->a[MT_BIAS_BWD_A_O_COUNT]) ? MT_OK : MT_E_SHAPE;
 }
 
 static uint32_t bias_bwd_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
@@ -238,7 +246,7 @@ static int bias_bwd_run(mt_ctx_t *ctx, const void *rec) {
     const float *dy = MT_F32(ctx, r->dy);
     const uint32_t per = r->per;
     if (per == 1) {
-        mt_sink_vec(ctx, &r->s, r->o0, dy + r->o0, r->o1 - r->o0);
+        mt_sink_vec(ctx, &r->s, r->o0, 0, dy + r->o0, r->o1 - r->o0);
         return MT_OK;
     }
     float g[BIAS_CHUNK];
@@ -252,7 +260,7 @@ static int bias_bwd_run(mt_ctx_t *ctx, const void *rec) {
             }
             g[j] = acc;
         }
-        mt_sink_vec(ctx, &r->s, o, g, n);
+        mt_sink_vec(ctx, &r->s, o, o - r->o0, g, n);
         o += n;
     }
     return MT_OK;
@@ -270,7 +278,8 @@ typedef struct {
 } sgd_rec_t;
 
 static int sgd_check(const mt_ctx_t *ctx, const mt_op_t *op) {
-    return mt_sink_check(ctx, &op->t[MT_SGD_W], &op->t[MT_SGD_M], &op->t[MT_SGD_ACC], 0) ? MT_OK : MT_E_SHAPE;
+    const mt_tensor_t *w = &op->t[MT_SGD_W];   /* the SGD op applies a whole-parameter accumulator */
+    return mt_sink_check(ctx, w, &op->t[MT_SGD_M], &op->t[MT_SGD_ACC], 0, w->n) ? MT_OK : MT_E_SHAPE;
 }
 
 static uint32_t sgd_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
@@ -288,7 +297,7 @@ static int sgd_run(mt_ctx_t *ctx, const void *rec) {
     const sgd_rec_t *r = rec;
     mt_sink_rec_t s = r->s;
     s.acc = r->acc;   /* read and cleared by the BATCH form; the mode still updates the parameter */
-    sink_dispatch(FORM_BATCH, ctx, &s, 0, MT_F32(ctx, r->acc), 0.0f, r->n, r->scale);
+    sink_dispatch(FORM_BATCH, ctx, &s, 0, 0, MT_F32(ctx, r->acc), 0.0f, r->n, r->scale);
     return MT_OK;
 }
 

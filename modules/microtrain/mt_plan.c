@@ -166,7 +166,7 @@ static int quant_ok(const mt_ctx_t *ctx, uint32_t qi, uint8_t dtype, uint8_t ndi
     uint32_t n = mt_rd_u32(q + MT_Q_N_CHANNELS), scales = mt_rd_u32(q + MT_Q_SCALES);
     uint32_t zps = mt_rd_u32(q + MT_Q_ZERO_POINTS);
     if (axis == MT_PER_TENSOR) {
-        return mt_f32_finite(scale) && scale > 0.0f && zp >= lo && zp <= hi && n == 1 && scales == MT_NO_NAME
+        return mt_f32_positive_normal(scale) && zp >= lo && zp <= hi && n == 1 && scales == MT_NO_NAME
                && zps == MT_NO_NAME;
     }
     if (axis >= ndim || n != mt_rd_u32(r + MT_T_DIM0 + 4u * axis) || scale != 0.0f || zp != 0) {
@@ -177,7 +177,7 @@ static int quant_ok(const mt_ctx_t *ctx, uint32_t qi, uint8_t dtype, uint8_t ndi
     }
     for (uint32_t c = 0; c < n; c++) {
         float s = rd_f32(ctx->data + scales + 4 * c);
-        if (!mt_f32_finite(s) || !(s > 0.0f)) {
+        if (!mt_f32_positive_normal(s)) {
             return 0;
         }
     }

@@ -30,6 +30,15 @@ int mt_f32_finite(float f) {
     return (u & 0x7F800000u) != 0x7F800000u;
 }
 
+/* A positive, finite, normal float32, decided on its bits: a subnormal is refused because
+ * boards whose float library flushes subnormals to zero (RP2040's) would see 0 where the
+ * host sees a positive number, and a plan must be valid everywhere or nowhere. */
+int mt_f32_positive_normal(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u >= 0x00800000u && u < 0x7F800000u;
+}
+
 /* p may be unaligned: read bytewise. */
 int mt_all_finite(const float *p, uint32_t n) {
     const uint8_t *b = (const uint8_t *)p;

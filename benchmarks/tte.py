@@ -1,0 +1,101 @@
+"""MIT's sparse-update schemes on MIT's networks: the peak RAM of every scheme's training plan.
+
+For each model in shared/models/tte (MCUNet-5fps, MobileNetV2-w0.35) and every scheme in its
+.schemes.json: the plan compiled with that scheme (channel-sparse weights, biases, the head),
+its frozen prefix int8 (post-training min/max calibration on benchmarks/calibration.py's crops
+of scikit-learn's photos), uint8 pixel input, batch 1, plain SGD. Printed per scheme: the arena,
+the trainable state (parameters and optimizer state), the runtime context, peak RAM (their sum:
+what Trainer() allocates on the board), MIT's analytic estimate and MIT's measured peak for the
+model (NeurIPS 2022 Fig. 10, STM32F746, sparse update + operator reordering), the op at the
+arena's peak and the largest tensors alive there. With --momentum 0.9 the state column shows
+the momentum of channel-sparse weights held for their trained channels only.
+
+    python benchmarks/tte.py [--calibration 32] [--momentum 0] [--json bench/tte.json] [--schemes 49kb,full]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import microtrain
+from microtrain.peak import alive_at_peak
+
+from bench_models import tte_dir
+from calibration import samples
+
+MODELS = ("mcunet-5fps", "mbv2-w0.35")
+MIT_PEAK_KB = {"mcunet-5fps": 173, "mbv2-w0.35": 141}   # Fig. 10: sparse update + operator reordering
+MIT_FULL_KB = {"mcunet-5fps": 3650, "mbv2-w0.35": 2939}   # Fig. 10: full update
+
+
+def kb(n):
+    return n / 1024
+
+
+def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="int8"):
+    """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
+    quantize: its plan is float32 with float input."""
+    q = {} if scheme == "full" else dict(quantize="int8", calibration=calib, input_dtype="uint8",
+                                         input_quant=(1 / 127.5, 128))
+    t = time.time()
+    plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved, **q)
+    seconds = time.time() - t
+    r = plan.report()
+    peak = alive_at_peak(plan)
+    return {
+        "arena_bytes": r["arena_bytes"], "state_bytes": r["param_bytes"], "context_bytes": r["context_bytes"],
+        "peak_ram_bytes": r["peak_ram_bytes"], "peak_live_bytes": r["peak_live_bytes"],
+        "flash_bytes": r["flash_bytes"], "compile_seconds": round(seconds, 2),
+        "sparse_weights": len(plan.meta["channels"]), "trainable": len(plan.params()),
+        "peak_op": "%d %s (%s)" % (peak["op"], peak["op_name"], peak["phase"]),
+        "alive_at_peak": [{"name": n, "bytes": b, "dtype": d} for n, b, d, _, _ in peak["tensors"]],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calibration", type=int, default=32, help="calibration images")
+    ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--saved", choices=["float32", "int8"], default="int8",
+                    help="how ReLU6 outputs are kept for the backward (compile(saved=...))")
+    ap.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")
+    ap.add_argument("--json", metavar="FILE", default=None, help="also write the results here (e.g. bench/tte.json)")
+    ap.add_argument("--top", type=int, default=4, help="tensors alive at the peak to print")
+    args = ap.parse_args()
+    d = tte_dir()
+    if d is None:
+        print("shared/models/tte not found (set MICROTRAIN_TTE)", file=sys.stderr)
+        return 2
+    calib = samples(args.calibration, 128)
+    want = set(args.schemes.split(",")) if args.schemes else None
+    rows = []
+    print("%-12s %-12s %9s %9s %8s %9s | %9s %9s | %s" % ("model", "scheme", "arena KB", "state KB", "ctx KB",
+                                                           "peak KB", "MIT est", "MIT peak", "peak op: largest alive"))
+    for model in MODELS:
+        onnx_path, schemes_path = (os.path.join(d, model + ext) for ext in (".onnx", ".schemes.json"))
+        with open(schemes_path) as f:
+            schemes = json.load(f)["schemes"]
+        for s in schemes:
+            if want and s["scheme"] not in want:
+                continue
+            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved)
+            r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved,
+                     mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
+                     mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
+            rows.append(r)
+            alive = ", ".join("%s %.0f" % (t["name"], kb(t["bytes"])) for t in r["alive_at_peak"][:args.top])
+            print("%-12s %-12s %9.1f %9.1f %8.1f %9.1f | %9.1f %9d | %s: %s" % (
+                model, s["scheme"], kb(r["arena_bytes"]), kb(r["state_bytes"]), kb(r["context_bytes"]),
+                kb(r["peak_ram_bytes"]), r["mit_estimate_kb"], r["mit_peak_kb"], r["peak_op"], alive))
+            sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "tte", "microtrain": microtrain.__version__, "calibration": args.calibration,
+                       "results": rows}, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

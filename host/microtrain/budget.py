@@ -1,0 +1,113 @@
+"""--budget: a sparse-update scheme chosen so that the plan's peak RAM fits a byte budget.
+
+The rule (docs/sparse.md), in the order of MIT's schemes, every step measured on the compiled
+plan (peak_ram_bytes: arena + trainable state + runtime context) with the compile options given:
+
+1. the classifier (the last Gemm) trains whole; if that alone does not fit, the budget is refused
+   with what the smallest plan needs;
+2. biases of the last N convs: the largest N that fits (binary search; a bias reaches one layer
+   deeper into the backward, so the cost grows with N);
+3. weights of the non-depthwise convs among those N, from the last one back: each gets the largest
+   fraction of its input channels among 1/8, 1/4, 1/2 and 1 (MIT's magnitude+ channels) that
+   still fits, or nothing.
+
+Calibration ranges do not depend on what trains, so with quantize="int8" the search calibrates
+once.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+
+RATIOS = (0.125, 0.25, 0.5, 1.0)
+UNITS = {"": 1, "b": 1, "kb": 1024, "k": 1024, "kib": 1024, "mb": 1 << 20, "m": 1 << 20, "mib": 1 << 20}
+
+
+def parse_bytes(text):
+    """'96KB', '96K', '98304', '1.5MB' -> bytes (KB = 1024 bytes)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in UNITS:
+        raise ValueError("budget %r: give bytes, e.g. 96KB, 96K, 98304 or 1.5MB (KB = 1024 bytes)" % (text,))
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+@contextlib.contextmanager
+def _calibrate_once():
+    from . import quantize
+    original, cache = quantize.calibrate, {}
+
+    def cached(graph, samples):
+        key = (graph.fingerprint, id(samples))
+        if key not in cache:
+            cache[key] = original(graph, samples)
+        return dict(cache[key])
+    quantize.calibrate = cached
+    try:
+        yield
+    finally:
+        quantize.calibrate = original
+
+
+def choose(model, budget, log=None, **options):
+    """(scheme dict, Plan) of the rule above for `model`; options go to microtrain.compile."""
+    from .compiler import compile as compile_plan
+    from .onnx_import import import_onnx
+    from .schemes import conv_layers
+    budget = parse_bytes(budget)
+    say = log or (lambda line: None)
+    graph = import_onnx(model, options.get("loss", "cross-entropy"))
+    convs = conv_layers(graph)
+    if not any(n.op == "gemm" for n in graph.layers()):
+        raise ValueError("--budget needs a model whose last layer is a Gemm/MatMul classifier (it always trains)")
+    tried = {}
+
+    def cost(scheme):
+        key = repr(scheme)
+        if key not in tried:
+            plan = compile_plan(model, update=scheme, **options)
+            tried[key] = (plan.report()["peak_ram_bytes"], plan)
+        return tried[key]
+
+    def scheme_of(n_bias, weights):
+        return {"scheme": "budget-%d" % budget, "classifier": "full",
+                "bias_updates": [{"conv_index": k} for k in range(len(convs) - n_bias, len(convs))],
+                "weight_updates": [{"conv_index": k, "ratio": r, "select": "magnitude+"} for k, r in weights]}
+
+    with _calibrate_once():
+        best = scheme_of(0, [])
+        peak, plan = cost(best)
+        say("classifier only: peak RAM %d B" % peak)
+        if peak > budget:
+            r = plan.report()
+            raise ValueError("budget %d B is too small: the classifier alone needs %d B of peak RAM (arena %d, "
+                             "trainable state %d, context %d). Give at least that, or reduce the arena (int8 "
+                             "frozen part: quantize='int8'; saved='int8')" % (budget, peak, r["arena_bytes"],
+                                                                             r["param_bytes"], r["context_bytes"]))
+        lo, hi = 0, len(convs)   # largest N whose biases fit: lo fits, anything above hi does not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            p, _ = cost(scheme_of(mid, []))
+            say("biases of the last %d convs: peak RAM %d B%s" % (mid, p, "" if p <= budget else " (over)"))
+            lo, hi = (mid, hi) if p <= budget else (lo, mid - 1)
+        n_bias, weights = lo, []
+        for k in reversed(range(len(convs) - n_bias, len(convs))):
+            n = convs[k]
+            if n.attrs.get("groups", 1) > 1:
+                continue
+            fit = None
+            for r in RATIOS:
+                p, _ = cost(scheme_of(n_bias, weights + [(k, r)]))
+                say("conv %d '%s' weight, ratio %g: peak RAM %d B%s" % (k, n.onnx_name, r, p,
+                                                                        "" if p <= budget else " (over)"))
+                if p > budget:
+                    break
+                fit = r
+            if fit is not None:
+                weights.append((k, fit))
+        best = scheme_of(n_bias, weights)
+        peak, plan = cost(best)
+    say("chosen: classifier, biases of the last %d convs, weights %s: peak RAM %d B of %d B"
+        % (n_bias, ", ".join("conv %d x%g" % w for w in weights) or "none", peak, budget))
+    return best, plan

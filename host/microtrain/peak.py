@@ -1,0 +1,34 @@
+"""What bounds a plan's arena: the op where the most arena bytes are alive, and those tensors.
+
+The same lifetimes as Plan.report()'s peak_live_bytes (memory.lifetimes over the op slots, a
+view or an op run in place counted once, in its owner's memory), swept op by op.
+"""
+from __future__ import annotations
+
+from . import format as F
+from .memory import lifetimes
+
+
+def alive_at_peak(plan):
+    """{"op": index, "op_name": ..., "source": ONNX node, "phase": ..., "live_bytes": n,
+    "tensors": [(name, bytes, dtype, first op, last op), ...] largest first} at the first op
+    where the live arena bytes are largest."""
+    hd = plan.header
+    first, last = lifetimes(len(plan.tensors), [o["slots"] for o in plan.ops], [hd["input_tensor"], hd["target_tensor"]])
+    owner = plan.memory_owners()
+    spans = {}
+    for i, t in enumerate(plan.tensors):
+        if t["storage"] == "ARENA" and first[i] >= 0:
+            f, l = spans.get(owner[i], (first[i], last[i]))
+            spans[owner[i]] = (min(f, first[i]), max(l, last[i]))
+    size = {o: -(-plan.tensors[o]["bytes"] // F.ALIGN) * F.ALIGN for o in spans}
+    live = [0] * len(plan.ops)
+    for o, (f, l) in spans.items():
+        for k in range(f, l + 1):
+            live[k] += size[o]
+    k = max(range(len(live)), key=lambda j: (live[j], -j))
+    op = plan.ops[k]
+    tensors = sorted(((plan.tensors[o]["name"], size[o], plan.tensors[o]["dtype"], f, l)
+                      for o, (f, l) in spans.items() if f <= k <= l), key=lambda r: -r[1])
+    return {"op": k, "op_name": op["op"], "source": op.get("source", ""), "phase": op.get("phase", ""),
+            "live_bytes": live[k], "tensors": tensors}

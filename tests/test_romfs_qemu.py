@@ -1,0 +1,182 @@
+"""A plan opened from ROMFS on the qemu MPS2_AN500 board is read in place: its constants are
+not copied into MicroPython's heap.
+
+The port has vfs.VfsRom but no ROMFS partition (no vfs.rom_ioctl), so the test makes one:
+microtrain.device.emulated.QemuBoard maps the board's 16 MB PSRAM at 0x60000000 from a host
+file, the host writes a ROMFS image (microtrain.romfs, plans 8-byte aligned) into the last
+2 MB of that file before boot (the first megabyte is microtrain.ramdisk's), and the board
+mounts `vfs.VfsRom(uctypes.bytearray_at(...))` at /rom, as a board with a partition mounts
+its flash there at boot.
+
+The plan is an int8 CNN on scikit-learn's digits whose frozen int8 constants (about 220 KB)
+are more than the board's whole heap (140 KB): it cannot load unless it is read in place.
+The board measures gc.mem_alloc() around `microtrain.Trainer(f)`; the increase must be the
+Trainer's RAM block (arena + trainable state + runtime context, info()["ram_bytes"]) plus
+the object itself, and far below the plan's const_bytes. Then it trains the last layer for
+a few steps and its losses and parameters are compared with the host simulator's bit for
+bit (same C core, same float32 operations: the int8 backbone is integer arithmetic and the
+Cortex-M7's double FPU rounds float32 as the host does).
+"""
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import microtrain
+from microtrain import romfs
+from microtrain.device.emulated import PSRAM_BYTES, QemuBoard
+
+import mptargets
+from int8_models import digits, export
+
+TARGET = mptargets.targets()["mps2_an500"]
+ROM_BYTES = 2 * 1024 * 1024
+ROM_OFFSET = PSRAM_BYTES - ROM_BYTES            # the last 2 MB of the PSRAM
+ROM_ADDR = 0x60000000 + ROM_OFFSET
+STEPS = 8
+N = 4
+SLACK = 512    # the Trainer object with its mt_ctx_t (288 bytes here), and the GC's 16-byte block rounding
+
+
+class WideDigits(nn.Module):
+    """Wide convolutions on 8x8 digits: about 220 KB of int8 weights (74 KB without c3, small
+    enough that a copy would fit in the heap), a 1.3 KB float head."""
+
+    def __init__(self, c3=True):
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 64, 3, padding=1)
+        self.c2 = nn.Conv2d(64, 128, 3, stride=2, padding=1)
+        self.c3 = nn.Conv2d(128, 128, 3, padding=1) if c3 else None
+        self.fc = nn.Linear(128, 10)
+
+    def forward(self, x):
+        h = F.relu(self.c2(F.relu(self.c1(x))))
+        h = F.relu(self.c3(h)) if self.c3 is not None else h
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
+@pytest.fixture(scope="module")
+def qemu_ready():
+    """Skips (a failure under CI: tests/conftest.py) before the plans are compiled."""
+    why = skip_reason()
+    if why:
+        pytest.skip(why)
+
+
+def skip_reason():
+    if shutil.which("qemu-system-arm") is None:
+        return "qemu-system-arm not found (Debian/Ubuntu: apt-get install qemu-system-arm)"
+    if not os.path.isfile(TARGET.firmware):
+        return "no firmware %s; run `make firmware-mps2_an500`" % os.path.relpath(TARGET.firmware, mptargets.ROOT)
+    try:
+        import serial  # noqa: F401
+    except ImportError:
+        return "pyboard.py needs pyserial (pip install pyserial)"
+    return None
+
+
+def compile_wide(path, c3):
+    torch.manual_seed(0)
+    x, _ = digits()
+    export(WideDigits(c3).eval(), path)
+    return microtrain.compile(path, update="last-layer", lr=0.05, momentum=0.9, quantize="int8",
+                              calibration=x[:100], input_dtype="uint8", input_quant=(1 / 255, 0))
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    d = tmp_path_factory.mktemp("romfs")
+    return {"plan.mtp": compile_wide(str(d / "wide.onnx"), True), "mid.mtp": compile_wide(str(d / "mid.onnx"), False)}
+
+
+DEVICE = r"""
+import gc, uctypes, vfs, microtrain
+from array import array
+vfs.mount(vfs.VfsRom(uctypes.bytearray_at(%(addr)d, %(size)d)), "/rom")
+for name in ("mid.mtp", "plan.mtp"):
+    t = None
+    f = open("/rom/" + name, "rb")
+    gc.collect()
+    before = gc.mem_alloc()
+    t = microtrain.Trainer(f)
+    gc.collect()
+    after = gc.mem_alloc()
+    i = t.info()
+    print("MEM", name, after - before, i["ram_bytes"], i["const_bytes"], i["plan_bytes"],
+          gc.mem_alloc() + gc.mem_free())
+xq = %(xq)r
+ys = %(ys)r
+n_in = t.input_len
+losses = array("f", [0.0] * %(steps)d)
+for s in range(%(steps)d):
+    k = s %% len(ys)
+    losses[s] = t.step(memoryview(xq)[k * n_in:(k + 1) * n_in], ys[k])
+print("LOSSES", bytes(losses).hex())
+for name, v in sorted(t.params().items()):
+    print("PARAM", name, bytes(v).hex())
+"""
+
+
+def run_on_board(tmp_path, image, code):
+    flash = tmp_path / "psram.img"
+    with open(flash, "wb") as f:
+        f.truncate(PSRAM_BYTES)
+        f.seek(ROM_OFFSET)
+        f.write(image)
+    sys.path.insert(0, os.path.join(mptargets.MICROPY_DIR, "tools"))
+    try:
+        import pyboard
+    finally:
+        sys.path.pop(0)
+    with QemuBoard(TARGET.firmware, flash=str(flash), workdir=str(tmp_path)) as board:
+        pyb = pyboard.Pyboard(board.port)
+        try:
+            pyb.enter_raw_repl()
+            out, err = pyb.exec_raw(code, timeout=600)
+            return out.decode(), err.decode()
+        finally:
+            pyb.close()
+
+
+def test_plan_from_romfs_is_read_in_place(qemu_ready, plans, tmp_path):
+    plan = plans["plan.mtp"]
+    image = romfs.build({k: p.data for k, p in plans.items()})
+    assert len(image) <= ROM_BYTES
+
+    x, y = digits()
+    sim = microtrain.Simulator(plan)
+    xq = sim.quantize_input(x[:N])
+    losses = np.array([sim.step(xq[s % N], y[s % N]) for s in range(STEPS)], np.float32)
+    code = DEVICE % dict(addr=ROM_ADDR, size=ROM_BYTES, xq=xq.tobytes(), ys=[int(v) for v in y[:N]],
+                         steps=STEPS)
+    out, err = run_on_board(tmp_path, image, code)
+
+    lines = {}
+    for line in out.splitlines():
+        key, _, rest = line.partition(" ")
+        lines.setdefault(key, []).append(rest)
+    for m in lines.get("MEM", ()):
+        name, grew, ram, const, plan_bytes, heap = m.split()
+        grew, ram, const, plan_bytes, heap = (int(v) for v in (grew, ram, const, plan_bytes, heap))
+        r = plans[name].report()
+        print("ROMFS %s: %d bytes, const_bytes %d; heap %d; Trainer(f) grew the heap by %d bytes, ram_bytes %d "
+              "(arena %d, state %d, context %d)" % (name, plan_bytes, const, heap, grew, ram, r["arena_bytes"],
+                                                   r["param_bytes"], r["context_bytes"]))
+        assert (ram, const, plan_bytes) == (r["ram_bytes"], r["const_bytes"], len(plans[name].data))
+        assert ram <= grew <= ram + SLACK, "%s: the heap grew by %d bytes, the Trainer's RAM is %d" % (name, grew, ram)
+        assert grew < const // 4
+    assert [m.split()[0] for m in lines.get("MEM", ())] == ["mid.mtp", "plan.mtp"], out + err
+    assert const > heap             # plan.mtp: more than the whole heap, so only in place can it load at all
+    assert not err, err
+
+    assert lines["LOSSES"][0] == losses.tobytes().hex(), "losses differ from the host's"
+    params = {name: hexed for name, hexed in (p.split() for p in lines["PARAM"])}
+    host = {k: np.ascontiguousarray(v, "<f4").tobytes().hex() for k, v in sim.params().items()}
+    assert params == host, "parameters differ from the host's"
+    assert np.mean(losses[-N:]) < np.mean(losses[:N]), losses     # the steps did something
+
