@@ -24,11 +24,11 @@ import models  # noqa: E402  tests/models.py: the MLP and CNN the tests use
 OPSET = 13
 
 
-def _model(nodes, inits, x_shape, y_shape, name):
+def _model(nodes, inits, x_shape, y_shape, name, opset=OPSET):
     init = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()]
     g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], init)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def pools(seed=0):
@@ -72,6 +72,41 @@ def tied(seed=2):
              helper.make_node("Gemm", ["r", "w", "b2"], ["y"], transB=1, name="fc2")]
     return _model(nodes, {"w": rng.normal(0, 0.5, (4, 4)), "b1": rng.normal(0, 0.1, 4), "b2": rng.normal(0, 0.1, 4)},
                   [1, 4], [1, 4], "tied")
+
+
+def mobile_ops(seed=3):
+    """conv -> HardSwish -> squeeze-and-excitation (GlobalAveragePool, 1x1 convs, Relu, HardSigmoid,
+    Mul per channel) -> Sigmoid, Tanh, LeakyRelu -> Concat with x * 2 - 1 (Mul, Sub by constants:
+    AFFINE) -> BatchNormalization after an Add (frozen AFFINE) -> Flatten -> Gemm: ACT, ACT_BWD,
+    MUL, MUL_BWD_CHANNEL, AFFINE, CONCAT, SLICE."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "c.weight", "c.bias"], ["a"], pads=[1, 1, 1, 1], name="c"),
+             n("HardSwish", ["a"], ["hs"], name="hswish"),
+             n("GlobalAveragePool", ["hs"], ["g"], name="gap"),
+             n("Conv", ["g", "se1.weight", "se1.bias"], ["s1"], name="se1"),
+             n("Relu", ["s1"], ["s1r"], name="se_relu"),
+             n("Conv", ["s1r", "se2.weight", "se2.bias"], ["s2"], name="se2"),
+             n("HardSigmoid", ["s2"], ["s"], alpha=1.0 / 6, beta=0.5, name="hsig"),
+             n("Mul", ["hs", "s"], ["m"], name="se_mul"),
+             n("Sigmoid", ["m"], ["sg"], name="sigmoid"),
+             n("Tanh", ["sg"], ["th"], name="tanh"),
+             n("LeakyRelu", ["th"], ["lr"], alpha=0.1, name="leaky"),
+             n("Mul", ["m", "two"], ["m2"], name="times2"),
+             n("Sub", ["m2", "one"], ["m3"], name="minus1"),
+             n("Concat", ["lr", "m3"], ["cat"], axis=1, name="cat"),
+             n("Add", ["cat", "cat"], ["sum"], name="add"),
+             n("BatchNormalization", ["sum", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["bn"], name="bn"),
+             n("Flatten", ["bn"], ["f"], name="flat"),
+             n("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
+    C = 3
+    return _model(nodes, {"c.weight": w(C, 2, 3, 3), "c.bias": w(C), "se1.weight": w(2, C, 1, 1), "se1.bias": w(2),
+                          "se2.weight": w(C, 2, 1, 1), "se2.bias": w(C), "two": np.float32(2.0),
+                          "one": np.float32(1.0), "bn.scale": rng.uniform(0.5, 1.5, 2 * C),
+                          "bn.bias": w(2 * C), "bn.mean": w(2 * C), "bn.var": rng.uniform(0.5, 2, 2 * C),
+                          "fc.weight": w(2, 2 * C * 16), "fc.bias": w(2)}, [1, 2, 4, 4], [1, 2], "mobile_ops",
+                  opset=14)   # HardSwish
 
 
 def int8_net(seed=7):
@@ -134,6 +169,8 @@ def seeds():
         "mlp_clip_grad": c(mlp(n_in=6, hidden=5, n_out=3, seed=6), update="full", lr=0.1, momentum=0.9, clip_grad=0.5),
         "cnn_mse_clip_grad_batch2": c(cnn(seed=6, hw=4, n_out=2), update="last:2", loss="mse", lr=0.05, batch=2,
                                       clip_grad=1.0),
+        "mobile_ops_full_mom": c(mobile_ops(), update="full", lr=0.05, momentum=0.9),
+        "mobile_ops_mse_batch2": c(mobile_ops(seed=4), update="full", loss="mse", lr=0.05, batch=2),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
     }

@@ -314,6 +314,114 @@ def keyword_spotting():
     return nn.Sequential(nn.Conv1d(13, 32, 3), nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(32, 4))
 
 
+# ------------------------------------------------ activations, products, concat ----
+# (the ops of MobileNetV3-style models: HardSwish, squeeze-and-excitation, frozen BatchNorm)
+
+class Swish(nn.Module):
+    """h * sigmoid(h): Mul of two activations of one shape."""
+
+    def forward(self, h):
+        return h * torch.sigmoid(h)
+
+
+class SqueezeExcite(nn.Module):
+    """h * hardsigmoid(conv2(relu(conv1(mean(h))))): Mul by one value per channel."""
+
+    def __init__(self, c, r=2):
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, r, 1)
+        self.fc2 = nn.Conv2d(r, c, 1)
+
+    def forward(self, h):
+        s = F.adaptive_avg_pool2d(h, 1)
+        return h * F.hardsigmoid(self.fc2(F.relu(self.fc1(s))))
+
+
+class ConstArith(nn.Module):
+    """((h - mean) / std) * k + c, then 0.5 - that: Sub, Div, Mul, Add by per-channel and scalar
+    constants, none of which folds into the convolution before."""
+
+    def __init__(self, c):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.register_buffer("mean", torch.randn(c, 1, 1, generator=g) * 0.3)
+        self.register_buffer("std", torch.rand(c, 1, 1, generator=g) + 0.5)
+        self.register_buffer("k", torch.randn(c, 1, 1, generator=g))
+
+    def forward(self, h):
+        return 0.5 - (((h - self.mean) / self.std) * self.k + 0.25)
+
+
+class NormalizedInput(nn.Module):
+    """(x - mean) / std per channel on the model input, then conv -> relu -> flatten -> Linear:
+    input normalisation inside the model (nothing before it needs a gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor([0.5, -0.2, 0.1]).reshape(3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.3, 1.5, 0.8]).reshape(3, 1, 1))
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 4 * 4, 3)
+
+    def forward(self, x):
+        return self.head(torch.flatten(F.relu(self.conv((x - self.mean) / self.std)), 1))
+
+
+class CatBranches(nn.Module):
+    """cat([conv(h), relu(h), h], channels): each input gets its slice of the gradient."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, 2, 3, padding=1)
+
+    def forward(self, h):
+        return torch.cat([self.conv(h), F.relu(h), h], 1)
+
+
+class AddThenBN(nn.Module):
+    """h + conv(h) -> BatchNorm: it follows an Add, so it cannot be folded (a frozen per-channel affine)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, h):
+        return self.bn(h + self.conv(h))
+
+
+class ReluThenBN1d(nn.Module):
+    """Linear -> ReLU -> BatchNorm1d: a 2-D BatchNorm that cannot be folded."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(n)
+
+    def forward(self, h):
+        return self.bn(h)
+
+
+class MobileNetV3Block(nn.Module):
+    """A MobileNetV3 bottleneck on a stem: conv 3x3 -> HardSwish -> [1x1 expand -> HardSwish ->
+    3x3 depthwise -> HardSwish -> squeeze-and-excitation (mean -> 1x1 -> ReLU -> 1x1 -> HardSigmoid
+    -> Mul) -> 1x1 project] + residual -> mean -> Linear."""
+
+    def __init__(self, n_out=3, c=4, e=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.expand = nn.Conv2d(c, e, 1)
+        self.dw = nn.Conv2d(e, e, 3, padding=1, groups=e)
+        self.se = SqueezeExcite(e, 4)
+        self.project = nn.Conv2d(e, c, 1)
+        self.head = nn.Linear(c, n_out)
+
+    def forward(self, x):
+        h = F.hardswish(self.stem(x))
+        b = F.hardswish(self.dw(F.hardswish(self.expand(h))))
+        h = h + self.project(self.se(b))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
 # ------------------------------------------------------------------ cases ----
 
 @dataclass
@@ -519,6 +627,19 @@ OP_CASES = [
     Case("batchnorm_conv_nobias", lambda: Sandwich(ConvBN(4, 5, False), (5, 5)), (3, 5, 5),
          exporters=_BN_EXPORTERS, train_as=_fold_bn),
     Case("batchnorm_linear", lambda: _stack(LinearBN(8, 5)), (6,), exporters=_BN_EXPORTERS, train_as=_fold_bn),
+    Case("sigmoid", lambda: Sandwich(nn.Sigmoid(), (5, 5)), (3, 5, 5)),
+    Case("tanh", lambda: Sandwich(nn.Tanh(), (5, 5)), (3, 5, 5)),
+    Case("hardsigmoid", lambda: Sandwich(nn.Hardsigmoid(), (5, 5)), (3, 5, 5)),
+    Case("hardswish", lambda: Sandwich(nn.Hardswish(), (5, 5)), (3, 5, 5)),
+    Case("leakyrelu", lambda: Sandwich(nn.LeakyReLU(0.1), (5, 5)), (3, 5, 5)),
+    Case("tanh_linear", lambda: _stack(nn.Tanh(), relu=False, n_mid2=8), (6,)),
+    Case("swish_mul", lambda: Sandwich(Swish(), (4, 4)), (3, 4, 4)),
+    Case("squeeze_excite_mul", lambda: Sandwich(SqueezeExcite(4), (4, 4)), (3, 4, 4)),
+    Case("const_arith", lambda: Sandwich(ConstArith(4), (4, 4)), (3, 4, 4)),
+    Case("input_normalisation", NormalizedInput, (3, 4, 4)),
+    Case("concat_channels", lambda: Sandwich(CatBranches(4), (4, 4)), (3, 4, 4)),
+    Case("batchnorm_after_add", lambda: Sandwich(AddThenBN(4), (4, 4)), (3, 4, 4)),
+    Case("batchnorm1d_after_relu", lambda: _stack(ReluThenBN1d(8), n_mid2=8), (6,)),
     Case("softmax_output", lambda: SoftmaxHead(), (6,), train_as=_logits, output="softmax"),
     Case("logsoftmax_output", lambda: SoftmaxHead(log=True), (6,), train_as=_logits, output="log_softmax"),
 ]
@@ -526,6 +647,7 @@ OP_CASES = [
 MODEL_CASES = {
     "mlp": Case("mlp", MLP, (64,), n_out=10),
     "cnn": Case("cnn", CNN, (1, 8, 8), n_out=10),
+    "mobilenetv3_block": Case("mobilenetv3_block", MobileNetV3Block, (3, 6, 6)),
 }
 
 

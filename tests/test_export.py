@@ -134,6 +134,11 @@ CASES = [
     ("tied-linear-ts13", _module(TiedMLP, (6,), "ts13"), "full"),
     ("tied-linear-dynamo", _module(TiedMLP, (6,), "dynamo"), "full"),
     ("tied-conv-bn-conv", _module(TiedConvBN, (3, 5, 5), "dynamo-noopt"), "full"),
+    ("mobilenetv3-block-dynamo", _case(MODEL_CASES["mobilenetv3_block"], "dynamo"), "full"),
+    ("mobilenetv3-block-ts13", _case(MODEL_CASES["mobilenetv3_block"], "ts13"), "full"),
+    ("frozen-bn-after-add-ts13", _case(OPS["batchnorm_after_add"], "ts13"), "full"),   # stays a BatchNormalization
+    ("const-arith-dynamo", _case(OPS["const_arith"], "dynamo"), "full"),
+    ("concat-dynamo", _case(OPS["concat_channels"], "dynamo"), "full"),
 ]
 
 

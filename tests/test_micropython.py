@@ -114,24 +114,40 @@ def data_train_cnn():
                 HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim))
 
 
-def data_train_kws():
-    """The keyword-spotting CNN of issue 5, default (dynamo) export, update full: a view feeding
-    a parameterless op, which once cut the gradient to the convolution."""
+def full_training_data(case, x, y, ops):
+    """A case of tests/oracle_models.py, default (dynamo) export, update full, STEPS steps on the
+    host: the data of train_full_and_compare() (tests/micropython/_prelude.py). `ops`: op names
+    the plan must hold."""
     import tempfile
-    from oracle_models import VIEW_CASES, case_onnx
+    from oracle_models import case_onnx
     with tempfile.TemporaryDirectory() as d:
-        path, _ = case_onnx(VIEW_CASES["keyword_spotting"], "dynamo", d)
+        path, _ = case_onnx(case, "dynamo", d)
         plan = microtrain.compile(path, update="full", lr=0.05, momentum=0.9)
-    assert {"CONV2D_BWD_WEIGHT", "GAP_BWD", "CLIP_BWD"} <= {o["op"] for o in plan.ops}
-    rng = np.random.default_rng(5)
-    x = rng.normal(size=(4, 13, 49)).astype(np.float32)
-    y = rng.integers(0, 4, 4)
+    assert set(ops) <= {o["op"] for o in plan.ops}
     init = params_f32(microtrain.Simulator(plan))
     sim, losses = train_on_host(plan, x, y)
     assert_learns(losses)
     assert all(f32(v) != init[k] for k, v in sim.params().items())
     return dict(PLAN=plan.data, N=len(x), X=f32(x), Y=[int(v) for v in y], STEPS=STEPS,
                 HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim), INIT=init)
+
+
+def data_train_kws():
+    """The keyword-spotting CNN of issue 5: a view feeding a parameterless op, which once cut
+    the gradient to the convolution."""
+    from oracle_models import VIEW_CASES
+    rng = np.random.default_rng(5)
+    return full_training_data(VIEW_CASES["keyword_spotting"], rng.normal(size=(4, 13, 49)).astype(np.float32),
+                              rng.integers(0, 4, 4), ("CONV2D_BWD_WEIGHT", "GAP_BWD", "CLIP_BWD"))
+
+
+def data_train_mobilenet():
+    """A MobileNetV3-style block (HardSwish, depthwise conv, squeeze-and-excitation with HardSigmoid
+    and a per-channel Mul, residual Add): the activation, product and broadcast-gradient kernels."""
+    from oracle_models import MODEL_CASES
+    rng = np.random.default_rng(6)
+    return full_training_data(MODEL_CASES["mobilenetv3_block"], rng.normal(size=(4, 3, 6, 6)).astype(np.float32),
+                              rng.integers(0, 3, 4), ("ACT_BWD", "MUL_BWD_CHANNEL", "MUL", "CONV2D_BWD_WEIGHT"))
 
 
 def data_noalloc():
@@ -282,7 +298,8 @@ def data_plan_buffer():
                 X_FULL=f32(rng.normal(size=8)), Y_FULL=1, X_FROZEN=f32(rng.normal(size=72)), Y_FROZEN=2)
 
 
-DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "train_kws": data_train_kws, "noalloc": data_noalloc,
+DATA = {"train_mlp": data_train_mlp, "train_cnn": data_train_cnn, "train_kws": data_train_kws,
+        "train_mobilenet": data_train_mobilenet, "noalloc": data_noalloc,
         "bad_plan": data_bad_plan, "bad_args": data_bad_args, "error_location": data_bad_args, "api": data_api,
         "state": data_state, "plan_buffer": data_plan_buffer}
 

@@ -341,7 +341,8 @@ def shares_memory(plan, name):
 
 
 BWD_INPUT = ("CONV2D_BWD_INPUT", "GEMM_BWD_INPUT")
-ELTWISE_BWD = {"CLIP": "CLIP_BWD", "MAXPOOL": "MAXPOOL_BWD", "AVGPOOL": "AVGPOOL_BWD", "GAP": "GAP_BWD"}
+ELTWISE_BWD = {"CLIP": "CLIP_BWD", "MAXPOOL": "MAXPOOL_BWD", "AVGPOOL": "AVGPOOL_BWD", "GAP": "GAP_BWD",
+               "ACT": "ACT_BWD"}
 
 
 def check_pruning(plan):

@@ -5,8 +5,8 @@ included) is written into that initializer. A parameter the compiler folded (Gem
 alpha or beta, a broadcast bias, a BatchNormalization folded into the layer before)
 is written as the folded layer: the Conv/Gemm gets the folded weight and bias
 (alpha and beta become 1) and the folded BatchNormalization becomes an Identity.
-A BatchNormalization that ran on its own as a per-channel scale and shift gets the
-scale and bias that give the trained ones. An initializer another node still reads
+A BatchNormalization that could not be folded ran as a frozen per-channel scale and
+shift and stays as it is. An initializer another node still reads
 as it was is never overwritten: the changed use gets an initializer of its own.
 """
 from __future__ import annotations
@@ -143,11 +143,7 @@ def export_trained(plan, params, onnx_in, onnx_out=None):
             continue
         # a rewritten layer's frozen parameters keep the plan's (folded) values
         vals = {n: values[n] if n in values else plan.constant(n).reshape(info[n]["shape"]) for n in names}
-        node = w.node(layer["node"])
-        if node.op_type == "BatchNormalization":
-            _write_batchnorm(w, node, vals[layer["weight"]], vals[layer["bias"]])
-        else:
-            _write_layer(w, node, layer, vals)
+        _write_layer(w, w.node(layer["node"]), layer, vals)
     w.drop_unread()
     onnx.checker.check_model(model)
     if onnx_out is not None:
@@ -178,15 +174,6 @@ def _checked_params(plan, params):
             raise ValueError("parameter %r contains NaN or infinity" % name)
         out[name] = v
     return out
-
-
-def _write_batchnorm(w, node, s, shift):
-    """A BatchNormalization trained as y = s x + shift (per channel): scale and bias that give it."""
-    eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
-    mean, var = (w.value(node.input[k]).astype(np.float64) for k in (3, 4))
-    s = np.asarray(s, np.float64).reshape(-1)
-    w.set_input(node, 1, s * np.sqrt(var + eps), node.input[1] + ".trained")
-    w.set_input(node, 2, np.asarray(shift, np.float64).reshape(-1) + mean * s, node.input[2] + ".trained")
 
 
 def _write_layer(w, node, layer, vals):

@@ -177,7 +177,10 @@ POOL_ATTRS = ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_t", "pad_l",
 # and input channels (within a group) [i_begin, i_begin+i_count)
 RANGE_ATTRS = ("o_begin", "o_count", "i_begin", "i_count")
 Q8_CLAMP = ("act_min", "act_max")     # int8 output clamp, -128 <= act_min <= act_max <= 127
-SINK = "w:param m:state? acc:state?"   # optimizer sink shared by all parameter-gradient ops
+SINK = "w:param m:state? acc:state?"
+ACT_ATTRS = ("kind", "alpha_bits", "beta_bits")
+ACT_KINDS = {"SIGMOID": 0, "TANH": 1, "HARDSIGMOID": 2, "HARDSWISH": 3, "LEAKYRELU": 4}
+ACT_READS_Y = ("SIGMOID", "TANH")      # kinds whose backward reads the output (the others read x)   # optimizer sink shared by all parameter-gradient ops
 
 OPS = (
     OpSpec("CONV2D", 1, _s("x w b? y:out"), CONV_ATTRS),
@@ -230,6 +233,22 @@ OPS = (
     # every accumulator and the last GRAD_CLIP (last=1) rejects the update
     OpSpec("GRAD_NORM2", 40, _s("acc:state n2:out"), ("first",)),
     OpSpec("GRAD_CLIP", 41, _s("n2 acc:state"), ("max_norm_bits", "last")),
+    # element-wise activations, one code with a kind (ACT_KINDS); alpha and beta are f32 bits
+    # (HardSigmoid, HardSwish: max(0, min(1, alpha x + beta)); LeakyRelu: the negative slope).
+    # ACT_BWD reads v, the saved output y for SIGMOID and TANH, the input x for the others
+    OpSpec("ACT", 42, _s("x y:out"), ACT_ATTRS, inplace=(("y", "x"),)),
+    OpSpec("ACT_BWD", 43, _s("v dy dx:out"), ACT_ATTRS, inplace=(("dx", "dy"),)),
+    # y = a * b, b of a's size or one value per channel (a (1,C,H,W), b (1,C,1,1): squeeze-and-
+    # excitation); the gradient of a is MUL(dy, b), of a per-channel b MUL_BWD_CHANNEL(dy, a)
+    OpSpec("MUL", 44, _s("a b y:out"), (), inplace=(("y", "a"), ("y", "b"))),
+    OpSpec("MUL_BWD_CHANNEL", 45, _s("dy a db:out"), ()),
+    # y = x * s[c] + t[c] per channel c (dim 1): a frozen BatchNormalization, or Mul, Add, Sub,
+    # Div by a constant; its input gradient is MUL(dy, s)
+    OpSpec("AFFINE", 46, _s("x s t y:out"), (), inplace=(("y", "x"),)),
+    # channel concatenation of two to four (1,C,...) tensors is one after the other in memory;
+    # the gradient of each input is a SLICE of dy, elements [begin, begin + n)
+    OpSpec("CONCAT", 47, _s("a b c? d? y:out"), ()),
+    OpSpec("SLICE", 48, _s("x y:out"), ("begin",)),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them
@@ -402,6 +421,9 @@ def c_header():
     L += ["", "/* gemm weight layouts */",
           "#define MT_W_LAYOUT_OUT_IN %d" % W_LAYOUT_OUT_IN,
           "#define MT_W_LAYOUT_IN_OUT %d" % W_LAYOUT_IN_OUT]
+    L += ["", "/* ACT kinds */"]
+    L += ["#define MT_ACT_KIND_%s %d" % kv for kv in ACT_KINDS.items()]
+    L.append("#define MT_ACT_KIND_MAX %d" % max(ACT_KINDS.values()))
     L += ["", "/* slot roles */"]
     L += ["#define MT_ROLE_%s %d" % (k.upper(), v) for k, v in ROLE_CODES.items()]
     L += ["", "/* op codes, slot positions and attribute positions */"]
@@ -481,6 +503,7 @@ def markdown_tables():
           "| op phase | %s |" % ", ".join("%s=%d" % kv for kv in PHASES.items()),
           "| loss | %s |" % ", ".join("%s=%d" % kv for kv in LOSSES.items()),
           "| gemm w_layout | OUT_IN=%d (W is [out, in]), IN_OUT=%d (W is [in, out]) |" % (W_LAYOUT_OUT_IN, W_LAYOUT_IN_OUT),
+          "| ACT kind | %s |" % ", ".join("%s=%d" % kv for kv in ACT_KINDS.items()),
           "", "### Ops", "",
           "Slots are tensor indices in this order (`?` optional: 0xFFFF when absent; role `out` is written, "
           "`param`/`state` are read and written; dtype F32 unless marked). Attributes are int32 in this order.",

@@ -40,14 +40,10 @@ def supported_ops():
 
 # what to do instead, for ops people bring from MCU models
 SUGGESTIONS = {
-    "Sub": "to normalise inputs, apply (x - mean) / std to the data before it reaches microtrain",
-    "Div": "to normalise inputs, apply (x - mean) / std to the data before it reaches microtrain",
-    "Mul": "to scale inputs, scale the data before it reaches microtrain",
     "Transpose": "only weights may be transposed; keep activations in (N, C, H, W) order",
     "LSTM": "recurrent layers are not supported; a Conv1d over time often replaces them",
     "GRU": "recurrent layers are not supported; a Conv1d over time often replaces them",
     "RNN": "recurrent layers are not supported; a Conv1d over time often replaces them",
-    "Sigmoid": "for a two-class output use two logits and cross-entropy, or --loss mse",
     "ConvTranspose": "not supported; upsample with Conv layers on the host side instead",
 }
 
@@ -399,6 +395,45 @@ class Importer:
                      count_include_pad=int(a.get("count_include_pad", 0)) if op == "avgpool" else 0)
         self.emit(op, [x], node.output[0], attrs, node, [xs[0], xs[1]] + out_sp)
 
+    def per_channel(self, node, x, C, what):
+        """Constant C broadcast onto activation x (N, C, ...) as an internal vector: one value per
+        channel when it varies along axis 1 only (or is a scalar), else one per element."""
+        xs = self.acts[x]
+        C = np.asarray(C, np.float32)
+        if C.ndim > len(xs):
+            raise UnsupportedModel("%s: %s of shape %s has more axes than the activation %s"
+                                   % (_where(node), what, C.shape, xs))
+        C = C.reshape((1,) * (len(xs) - C.ndim) + C.shape)
+        if C.shape[0] != 1:
+            raise UnsupportedModel("%s: %s of shape %s has a batch axis; microtrain runs one sample at a time, so "
+                                   "a constant must be the same for every sample" % (_where(node), what, C.shape))
+        try:
+            full = np.broadcast_to(C, (1,) + tuple(xs[1:]))
+        except ValueError:
+            raise UnsupportedModel("%s: %s of shape %s does not broadcast onto the activation %s"
+                                   % (_where(node), what, C.shape, xs)) from None
+        per = full.reshape(full.shape[0], full.shape[1], -1)[0]
+        if np.all(per == per[:, :1]):
+            return np.ascontiguousarray(per[:, 0])
+        return np.ascontiguousarray(full.reshape(-1))
+
+    def affine(self, node, x, scale, shift, what):
+        """y = x * scale + shift with constant scale and shift (frozen, per channel or per element):
+        Mul, Add, Sub, Div by a constant, a BatchNormalization that cannot be folded."""
+        s = self.per_channel(node, x, scale, what)
+        t = self.per_channel(node, x, shift, what)
+        if s.size != t.size:   # one per channel, the other per element: both per element
+            n = max(s.size, t.size)
+            C = self.acts[x][1]
+            s, t = (np.repeat(v, n // C) if v.size != n else v for v in (s, t))
+        out = node.output[0]
+        names = []
+        for v, part in ((s, "scale"), (t, "shift")):
+            name = "%s/%s" % (out, part)
+            self.values[name] = Value(name, v.shape, v.shape, data=np.ascontiguousarray(v, np.float32))
+            names.append(name)
+        self.emit("affine", [x] + names, out, {}, node, self.acts[x])
+
     def view(self, node, x, shape):
         """Output of a shape-only op (Flatten, Reshape, Squeeze, Unsqueeze): a view of x's memory."""
         shape = [int(d) for d in shape]
@@ -520,12 +555,11 @@ def add(imp, node, ins):
     x = [i for i in ins if i not in imp.consts][0]
     prod = imp.producer.get(x)
     C = imp.consts[consts[0]].astype(np.float32)
-    if prod is None or prod.op not in ("gemm", "conv") or prod.inputs[2] is not None or imp.uses.get(x, 0) != 1:
-        raise UnsupportedModel("%s: adding a constant is only supported as the bias of the layer just before "
-                               "(MatMul + Add, Conv + Add)" % _where(node))
     O = imp.values[x].shape[1]
-    if prod.op == "conv" and C.size != O and C.size != 1:
-        raise UnsupportedModel("%s: constant of shape %s is not a per-channel bias" % (_where(node), C.shape))
+    if (prod is None or prod.op not in ("gemm", "conv") or prod.inputs[2] is not None or imp.uses.get(x, 0) != 1
+            or (prod.op == "conv" and C.size not in (O, 1))):
+        imp.affine(node, x, np.float32(1.0), C, "the added constant")
+        return
     prod.inputs[2] = imp.bias_param(node, consts[0], C, O, len(imp.acts[x]))
     prod.parts.update(bias_add=node.name or node.output[0],
                       bias_input=node.input[[imp.r(i) for i in node.input].index(consts[0])])
@@ -552,6 +586,117 @@ def clip(imp, node, ins):
         imp.notes.append("%s: min %g above max %g: every output is max" % (_where(node), lo, hi))
         lo = hi
     imp.emit("clip", [x], node.output[0], {"lo": lo, "hi": hi}, node, imp.acts[x])
+
+
+def _activation(imp, node, ins, kind, alpha=0.0, beta=0.0):
+    x = imp.act(node, ins[0])
+    imp.emit("act", [x], node.output[0], {"kind": kind, "alpha": float(alpha), "beta": float(beta)}, node,
+             imp.acts[x])
+
+
+@handles("Sigmoid")
+def sigmoid(imp, node, ins):
+    _activation(imp, node, ins, "SIGMOID")
+
+
+@handles("Tanh")
+def tanh(imp, node, ins):
+    _activation(imp, node, ins, "TANH")
+
+
+@handles("HardSigmoid")
+def hard_sigmoid(imp, node, ins):
+    a = imp.attrs(node)
+    _activation(imp, node, ins, "HARDSIGMOID", a.get("alpha", 0.2), a.get("beta", 0.5))
+
+
+@handles("HardSwish")
+def hard_swish(imp, node, ins):
+    """x * HardSigmoid(x) with alpha 1/6, beta 0.5 (ONNX fixes them)."""
+    _activation(imp, node, ins, "HARDSWISH", 1.0 / 6.0, 0.5)
+
+
+@handles("LeakyRelu")
+def leaky_relu(imp, node, ins):
+    _activation(imp, node, ins, "LEAKYRELU", imp.attrs(node).get("alpha", 0.01))
+
+
+@handles("Mul", note="of two activations of one shape, or one per channel; or by a constant")
+def mul(imp, node, ins):
+    consts = [i for i in ins if i in imp.consts]
+    if consts:
+        x = imp.act(node, [i for i in ins if i not in imp.consts][0])
+        imp.affine(node, x, imp.consts[consts[0]], np.float32(0.0), "the constant factor")
+        return
+    a, b = imp.act(node, ins[0]), imp.act(node, ins[1])
+    for x, h in ((a, b), (b, a)):
+        # x * HardSigmoid(x) is HardSwish (how opset 13 exports it): one op, no gradient of h
+        p = imp.producer.get(h)
+        if p is not None and p.op == "act" and p.attrs["kind"] == "HARDSIGMOID" and p.inputs[0] == x \
+                and imp.uses.get(h, 0) == 1 and h != imp.g.output[0].name:
+            p.attrs["kind"] = "HARDSWISH"
+            imp.alias[node.output[0]] = h
+            imp.notes.append("%s: x * HardSigmoid(x) runs as one HardSwish" % _where(node))
+            return
+    sa, sb = imp.acts[a], imp.acts[b]
+    if int(np.prod(sa)) < int(np.prod(sb)):   # the per-channel factor second
+        a, b, sa, sb = b, a, sb, sa
+    per_channel = len(sa) >= 3 and len(sb) == len(sa) and sb[:2] == sa[:2] and all(d == 1 for d in sb[2:])
+    if sa != sb and not per_channel:
+        raise UnsupportedModel("%s: Mul of %s and %s is not supported; the shapes must be equal, or one (N, C, 1, 1) "
+                               "per channel of the other (squeeze-and-excitation)" % (_where(node), sa, sb))
+    imp.emit("mul", [a, b], node.output[0], {}, node, sa)
+
+
+@handles("Sub", note="of a constant, or from a constant")
+def sub(imp, node, ins):
+    if ins[1] in imp.consts and ins[0] not in imp.consts:     # x - c
+        imp.affine(node, imp.act(node, ins[0]), np.float32(1.0), -imp.consts[ins[1]].astype(np.float32),
+                   "the subtracted constant")
+    elif ins[0] in imp.consts:                                 # c - x
+        imp.affine(node, imp.act(node, ins[1]), np.float32(-1.0), imp.consts[ins[0]].astype(np.float32),
+                   "the constant")
+    else:
+        raise UnsupportedModel("%s: Sub of two activations is not supported; only x - constant or constant - x"
+                               % _where(node))
+
+
+@handles("Div", note="by a constant")
+def div(imp, node, ins):
+    if ins[0] in imp.consts or ins[1] not in imp.consts:
+        raise UnsupportedModel("%s: only division of an activation by a constant is supported" % _where(node))
+    c = imp.consts[ins[1]].astype(np.float32)
+    if np.any(c == 0) or not np.all(np.isfinite(c)):
+        raise UnsupportedModel("%s: the divisor must be finite and non-zero" % _where(node))
+    imp.affine(node, imp.act(node, ins[0]), (1.0 / c.astype(np.float64)).astype(np.float32), np.float32(0.0),
+               "the divisor")
+
+
+@handles("Concat", note="along channels")
+def concat(imp, node, ins):
+    """Along an axis with only 1s before it (channels of one sample), concatenation puts the inputs
+    one after another in memory; more than four inputs become a chain of concats."""
+    xs = [imp.act(node, i) for i in ins]
+    shapes = [imp.acts[x] for x in xs]
+    rank = len(shapes[0])
+    axis = imp.attrs(node).get("axis")
+    axis = axis + rank if axis is not None and axis < 0 else axis
+    if (axis is None or any(len(s) != rank for s in shapes) or int(np.prod(shapes[0][:axis])) != 1
+            or any(s[:axis] != shapes[0][:axis] or s[axis + 1:] != shapes[0][axis + 1:] for s in shapes)):
+        raise UnsupportedModel("%s: Concat of %s along axis %s is not supported; only along the channels "
+                               "(axis 1) of inputs that agree on the other axes" % (_where(node), shapes, axis))
+    if len(xs) == 1:
+        imp.alias[node.output[0]] = xs[0]
+        return
+    acc, size, k = [], 0, 0
+    for k, (x, s) in enumerate(zip(xs, shapes)):   # CONCAT takes up to 4 inputs: chain beyond
+        if len(acc) == 4:
+            out = "%s/concat%d" % (node.output[0], k)
+            imp.emit("concat", acc, out, {}, node, shapes[0][:axis] + (size,) + shapes[0][axis + 1:])
+            acc = [out]
+        acc.append(x)
+        size += s[axis]
+    imp.emit("concat", acc, node.output[0], {}, node, shapes[0][:axis] + (size,) + shapes[0][axis + 1:])
 
 
 @handles("MaxPool")
@@ -695,17 +840,15 @@ def batch_normalization(imp, node, ins):
         imp.notes.append("%s folded into '%s'" % (_where(node), prod.onnx_name))
         return
     xs = imp.acts[x]
-    if len(xs) not in (3, 4):
-        raise UnsupportedModel("%s: a BatchNormalization that does not follow a Conv or Gemm must have a 3-D or "
-                               "4-D input; got %s" % (_where(node), xs))
-    # a per-channel scale and shift is a 1x1 depthwise convolution
+    if len(xs) not in (2, 3, 4):
+        raise UnsupportedModel("%s: a BatchNormalization that does not follow a Conv or Gemm must have a 2-D, 3-D "
+                               "or 4-D input; got %s" % (_where(node), xs))
+    # a frozen per-channel scale and shift (PyTorch's eval-mode BatchNorm with its parameters
+    # frozen): the gradient passes through it to the layers before
     C = xs[1]
-    wname = imp.param(ins[1], s.astype(np.float32).reshape(C, 1, 1, 1), (C, 1, 1, 1), node,
-                       how + " scale / sqrt(var + epsilon)")
-    bname = imp.param(ins[2], shift.astype(np.float32), (C,), node, how + " bias - mean * scale")
-    attrs = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=C)
-    imp.emit("conv", [x, wname, bname], node.output[0], attrs, node, xs)
-    imp.notes.append("%s became a per-channel scale and shift (1x1 depthwise conv)" % _where(node))
+    imp.affine(node, x, s.astype(np.float32).reshape((C,) + (1,) * (len(xs) - 2)),
+               shift.astype(np.float32).reshape((C,) + (1,) * (len(xs) - 2)), how)
+    imp.notes.append("%s became a frozen per-channel scale and shift" % _where(node))
 
 
 @handles("Softmax", note="output only")

@@ -434,6 +434,83 @@ class Add:
             b.contribute(name, dy)
 
 
+@rule("act")
+class Act:
+    """Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu (format.py ACT_KINDS): the backward reads
+    the saved output for Sigmoid and Tanh, the input for the others, which the memory plan then
+    keeps alive (and the forward does not overwrite it in place)."""
+
+    @staticmethod
+    def attrs(n):
+        return [F.ACT_KINDS[n.attrs["kind"]], f32_bits(n.attrs.get("alpha", 0.0)), f32_bits(n.attrs.get("beta", 0.0))]
+
+    def forward(self, b, n, ins, y):
+        return b.op("ACT", "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        x = n.inputs[0]
+        if b.wants(x):
+            dx = b.grad_tensor(x, ins[0])
+            v = b.index[n.output] if n.attrs["kind"] in F.ACT_READS_Y else ins[0]
+            b.op("ACT_BWD", "TRAIN", [v, dy, dx], self.attrs(n), n.onnx_name)
+            b.contribute(x, dx)
+
+
+@rule("mul")
+class Mul:
+    """y = a * b, b of a's size or per channel (squeeze-and-excitation): da = dy * b, and db =
+    dy * a, summed over each channel when b is per channel."""
+
+    def forward(self, b, n, ins, y):
+        return b.op("MUL", "FORWARD", [ins[0], ins[1], y], [], n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        a_name, b_name = n.inputs[0], n.inputs[1]
+        if b.wants(a_name):
+            da = b.grad_tensor(a_name, ins[0])
+            b.op("MUL", "TRAIN", [dy, ins[1], da], [], n.onnx_name)
+            b.contribute(a_name, da)
+        if b.wants(b_name):
+            db = b.grad_tensor(b_name, ins[1])
+            same = b.tensors[ins[1]].nbytes == b.tensors[ins[0]].nbytes
+            b.op("MUL" if same else "MUL_BWD_CHANNEL", "TRAIN", [dy, ins[0], db], [], n.onnx_name)
+            b.contribute(b_name, db)
+
+
+@rule("affine")
+class Affine:
+    """y = x * s + t per channel with constant s and t (a BatchNormalization that cannot be folded,
+    Mul/Add/Sub/Div by a constant): dx = dy * s."""
+
+    def forward(self, b, n, ins, y):
+        return b.op("AFFINE", "FORWARD", [ins[0], ins[1], ins[2], y], [], n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        x = n.inputs[0]
+        if b.wants(x):
+            dx = b.grad_tensor(x, ins[0])
+            b.op("MUL", "TRAIN", [dy, ins[1], dx], [], n.onnx_name)
+            b.contribute(x, dx)
+
+
+@rule("concat")
+class Concat:
+    """y = [a, b, ...] (2 to 4 inputs) along the channels, one after the other in memory: each
+    input's gradient is its slice of dy."""
+
+    def forward(self, b, n, ins, y):
+        return b.op("CONCAT", "FORWARD", list(ins) + [None] * (4 - len(ins)) + [y], [], n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        begin = 0
+        for name, t in zip(n.inputs, ins):
+            if b.wants(name):
+                d = b.grad_tensor(name, t)
+                b.op("SLICE", "TRAIN", [dy, d], [begin], n.onnx_name)
+                b.contribute(name, d)
+            begin += b.tensors[t].nbytes // 4
+
+
 class Q8Rule:
     """The int8 ops of a lowered frozen part (q8_rules.py): forward, and the float gradient
     through them where a trainable layer lies upstream."""

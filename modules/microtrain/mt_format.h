@@ -136,6 +136,14 @@
 #define MT_W_LAYOUT_OUT_IN 0
 #define MT_W_LAYOUT_IN_OUT 1
 
+/* ACT kinds */
+#define MT_ACT_KIND_SIGMOID 0
+#define MT_ACT_KIND_TANH 1
+#define MT_ACT_KIND_HARDSIGMOID 2
+#define MT_ACT_KIND_HARDSWISH 3
+#define MT_ACT_KIND_LEAKYRELU 4
+#define MT_ACT_KIND_MAX 4
+
 /* slot roles */
 #define MT_ROLE_IN 0
 #define MT_ROLE_OUT 1
@@ -504,7 +512,57 @@
 #define MT_GRAD_CLIP_ACC 1
 #define MT_GRAD_CLIP_A_MAX_NORM_BITS 0
 #define MT_GRAD_CLIP_A_LAST 1
-#define MT_OP_MAX 41
+#define MT_OP_ACT 42
+#define MT_ACT_NSLOTS 2
+#define MT_ACT_NATTRS 3
+#define MT_ACT_X 0
+#define MT_ACT_Y 1
+#define MT_ACT_A_KIND 0
+#define MT_ACT_A_ALPHA_BITS 1
+#define MT_ACT_A_BETA_BITS 2
+#define MT_OP_ACT_BWD 43
+#define MT_ACT_BWD_NSLOTS 3
+#define MT_ACT_BWD_NATTRS 3
+#define MT_ACT_BWD_V 0
+#define MT_ACT_BWD_DY 1
+#define MT_ACT_BWD_DX 2
+#define MT_ACT_BWD_A_KIND 0
+#define MT_ACT_BWD_A_ALPHA_BITS 1
+#define MT_ACT_BWD_A_BETA_BITS 2
+#define MT_OP_MUL 44
+#define MT_MUL_NSLOTS 3
+#define MT_MUL_NATTRS 0
+#define MT_MUL_A 0
+#define MT_MUL_B 1
+#define MT_MUL_Y 2
+#define MT_OP_MUL_BWD_CHANNEL 45
+#define MT_MUL_BWD_CHANNEL_NSLOTS 3
+#define MT_MUL_BWD_CHANNEL_NATTRS 0
+#define MT_MUL_BWD_CHANNEL_DY 0
+#define MT_MUL_BWD_CHANNEL_A 1
+#define MT_MUL_BWD_CHANNEL_DB 2
+#define MT_OP_AFFINE 46
+#define MT_AFFINE_NSLOTS 4
+#define MT_AFFINE_NATTRS 0
+#define MT_AFFINE_X 0
+#define MT_AFFINE_S 1
+#define MT_AFFINE_T 2
+#define MT_AFFINE_Y 3
+#define MT_OP_CONCAT 47
+#define MT_CONCAT_NSLOTS 5
+#define MT_CONCAT_NATTRS 0
+#define MT_CONCAT_A 0
+#define MT_CONCAT_B 1
+#define MT_CONCAT_C 2
+#define MT_CONCAT_D 3
+#define MT_CONCAT_Y 4
+#define MT_OP_SLICE 48
+#define MT_SLICE_NSLOTS 2
+#define MT_SLICE_NATTRS 1
+#define MT_SLICE_X 0
+#define MT_SLICE_Y 1
+#define MT_SLICE_A_BEGIN 0
+#define MT_OP_MAX 48
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -540,7 +598,14 @@
     X(GEMM_BWD_INPUT_Q8) \
     X(MAXPOOL_BWD_Q8) \
     X(GRAD_NORM2) \
-    X(GRAD_CLIP)
+    X(GRAD_CLIP) \
+    X(ACT) \
+    X(ACT_BWD) \
+    X(MUL) \
+    X(MUL_BWD_CHANNEL) \
+    X(AFFINE) \
+    X(CONCAT) \
+    X(SLICE)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -612,6 +677,13 @@
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {2, 1, {MT_SLOT(3, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GRAD_NORM2 */ \
     {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(3, 1, 0)}, {255, 255, 255, 255}}, /* GRAD_CLIP */ \
+    {2, 3, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {1, 0, 255, 255}}, /* ACT */ \
+    {3, 3, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* ACT_BWD */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 0, 2, 1}}, /* MUL */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MUL_BWD_CHANNEL */ \
+    {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* AFFINE */ \
+    {5, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONCAT */ \
+    {2, 1, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SLICE */ \
 }
 
 /* error codes */

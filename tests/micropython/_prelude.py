@@ -60,3 +60,23 @@ def call(what, f, *args):
 def sample(n, seed, step=5, mod=11):
     """n float32 values in [-0.5, 0.5), different for each seed."""
     return array("f", [((i * step + seed) % mod) / mod - 0.5 for i in range(n)])
+
+
+def train_full_and_compare():
+    """Train PLAN on X, Y for STEPS steps (every parameter trainable) and compare with the host:
+    every loss and parameter within TOL, the losses decrease, and every parameter has moved from
+    INIT (the data header of train_kws.py and train_mobilenet.py)."""
+    t = microtrain.Trainer(PLAN)
+    n = t.input_len
+    xs = memoryview(array("f", X))
+    losses = array("f", [0.0] * STEPS)
+    for i in range(STEPS):
+        k = i % N
+        losses[i] = t.step(xs[k * n:(k + 1) * n], Y[k])
+    print("steps", t.info()["steps"] == STEPS)
+    check("losses match the host", worst(losses, array("f", HOST_LOSSES)))
+    print("losses decrease", sum(losses[-10:]) < sum(losses[:10]))
+    p = t.params()
+    print("parameter names match", sorted(p) == sorted(HOST_PARAMS))
+    print("every parameter moved", all(bytes(p[k]) != INIT[k] for k in INIT))
+    check_params(p, HOST_PARAMS)
