@@ -148,7 +148,8 @@ firmware-all: $(addprefix firmware-,$(FIRMWARE_ALL_BOARDS)) natmods firmware-cir
 NATMOD_TEST_BOARDS ?= mps2_an385 mps2_an386 mps2_an500
 NATMOD_TEST_HEAP ?= 1048576
 NATMOD_FIRMWARE_BUILD ?= $(MICROTRAIN_BUILD)/firmware-natmod-tests
-firmware-natmod-tests:
+# after the boards' own builds: they build mpy-cross, which two makes must not build at once (-j2)
+firmware-natmod-tests: $(addprefix firmware-,$(NATMOD_TEST_BOARDS))
 	+$(MICROTRAIN_SUBMAKE) -f $(firstword $(MAKEFILE_LIST)) $(addprefix firmware-,$(NATMOD_TEST_BOARDS)) \
 	    MICROPY_DIR="$(MICROPY_DIR)" FIRMWARE_BUILD="$(NATMOD_FIRMWARE_BUILD)" \
 	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(NATMOD_TEST_HEAP)"
