@@ -63,9 +63,9 @@ def sample(n, seed, step=5, mod=11):
 
 
 def train_full_and_compare():
-    """Train PLAN on X, Y for STEPS steps (every parameter trainable) and compare with the host:
-    every loss and parameter within TOL, the losses decrease, and every parameter has moved from
-    INIT (the data header of train_kws.py and train_mobilenet.py)."""
+    """Train PLAN on X, Y for STEPS steps and compare with the host: every loss and parameter
+    within TOL, the losses decrease, and every parameter in INIT (the trainable ones) has moved
+    (the data header of train_kws.py, train_mobilenet.py and train_sparse.py)."""
     t = microtrain.Trainer(PLAN)
     n = t.input_len
     xs = memoryview(array("f", X))

@@ -11,19 +11,4 @@
 #   INIT  the plan's initial parameters (float32 bytes)
 
 
-t = microtrain.Trainer(PLAN)
-n = t.input_len
-xs = memoryview(array("f", X))
-losses = array("f", [0.0] * STEPS)
-for i in range(STEPS):
-    k = i % N
-    losses[i] = t.step(xs[k * n:(k + 1) * n], Y[k])
-
-print("steps", t.info()["steps"] == STEPS)
-check("losses match the host", worst(losses, array("f", HOST_LOSSES)))
-print("losses decrease", sum(losses[-10:]) < sum(losses[:10]))
-
-p = t.params()
-print("parameter names match", sorted(p) == sorted(HOST_PARAMS))
-print("every parameter moved", all(bytes(p[k]) != INIT[k] for k in INIT))
-check_params(p, HOST_PARAMS)
+train_full_and_compare()   # _prelude.py: the loop, the checks against the host
