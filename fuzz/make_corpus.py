@@ -109,6 +109,24 @@ def mobile_ops(seed=3):
                   opset=14)   # HardSwish
 
 
+def mbconv(seed=9):
+    """x -> 1x1 expansion -> ReLU6 -> depthwise 3x3 -> ReLU6 -> 1x1 projection -> GAP -> Gemm: with
+    frozen weights and int8 saved ReLU6 outputs, the depthwise conv runs in place."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    inits = {"pw1.w": w(6, 2, 1, 1), "pw1.b": w(6), "dw.w": w(6, 1, 3, 3), "dw.b": w(6), "pw2.w": w(3, 6, 1, 1),
+             "pw2.b": w(3), "fc.w": w(3, 3), "fc.b": w(3), "lo": 0.0, "hi": 6.0}
+    nodes = [helper.make_node("Conv", ["x", "pw1.w", "pw1.b"], ["a"]),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["a6"]),
+             helper.make_node("Conv", ["a6", "dw.w", "dw.b"], ["b"], pads=[1, 1, 1, 1], group=6),
+             helper.make_node("Clip", ["b", "lo", "hi"], ["b6"]),
+             helper.make_node("Conv", ["b6", "pw2.w", "pw2.b"], ["c"]),
+             helper.make_node("GlobalAveragePool", ["c"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["y"], transB=1)]
+    return _model(nodes, inits, [1, 2, 6, 6], [1, 3], "mbconv")
+
+
 def int8_net(seed=7):
     """conv-relu, depthwise conv-relu6 with a residual add, 3x3 max pooling, 2x2 average pooling,
     global average pooling, Gemm-relu-Gemm: every int8 op and, trained through, their backward."""
@@ -171,6 +189,9 @@ def seeds():
                                       clip_grad=1.0),
         "mobile_ops_full_mom": c(mobile_ops(), update="full", lr=0.05, momentum=0.9),
         "mobile_ops_mse_batch2": c(mobile_ops(seed=4), update="full", loss="mse", lr=0.05, batch=2),
+        # frozen weights: the depthwise conv and its input gradient run in place (CONV2D_DW_INPLACE,
+        # CONV2D_BWD_INPUT_DW_INPLACE)
+        "mbconv_bias_saved_int8": c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8"),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
         # channel-sparse: c1 and pw train on some input channels (GATHER_CH, SCATTER_CH), dw on some

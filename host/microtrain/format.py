@@ -254,6 +254,14 @@ OPS = (
     # SCATTER_CH (zeros in the other channels). docs/sparse.md
     OpSpec("GATHER_CH", 56, _s("x idx:I32 y:out"), ()),
     OpSpec("SCATTER_CH", 57, _s("dy idx:I32 dx:out"), ()),
+    # a depthwise CONV2D (groups = channels) that may write y over x, which nothing reads after
+    # it: each input channel is copied to s (one plane) before its output channel is written
+    OpSpec("CONV2D_DW_INPLACE", 58, _s("x w b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
+    # its input gradient the same way: dx over dy, each dy channel copied to s first
+    OpSpec("CONV2D_BWD_INPUT_DW_INPLACE", 59, _s("dy w s:out dx:out"), CONV_ATTRS, inplace=(("dx", "dy"),)),
+    # y = acc + conv(x, w) (no bias): the trained input channels of a split weight (split.py)
+    # added to the frozen part's output, in its memory
+    OpSpec("CONV2D_ACC", 60, _s("x w acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them

@@ -266,6 +266,7 @@ class Builder:
                 if s is not None:
                     r = self.root(s)
                     last[r] = max(last.get(r, -1), k)
+        self.depthwise_in_place(last)
         for k, o in enumerate(self.ops):
             for out_name, in_name in o.spec.inplace:
                 out, src = o.slots[o.spec.slot_index(out_name)], o.slots[o.spec.slot_index(in_name)]
@@ -277,6 +278,31 @@ class Builder:
                 to.view_of = rs
                 last[rs] = max(last.get(rs, -1), last.pop(ro, -1))
                 break
+
+
+    def depthwise_in_place(self, last):
+        """A depthwise CONV2D whose input nothing reads after it (its weight frozen, and the input's
+        producer's backward reading a mask or nothing) becomes CONV2D_DW_INPLACE, with one input
+        plane of scratch, so that its output can take the input's memory: one activation fewer
+        alive in the forward of a MobileNet block (docs/sparse.md)."""
+        groups = F.CONV_ATTRS.index("groups")
+        for k, o in enumerate(self.ops):
+            if o.name == "CONV2D":   # x w b y
+                src, w, out, plane = o.slots[0], o.slots[1], o.slots[3], o.slots[0]
+            elif o.name == "CONV2D_BWD_INPUT":   # dy w dx: the scratch holds a dy plane
+                src, w, out, plane = o.slots[0], o.slots[1], o.slots[2], o.slots[0]
+            else:
+                continue
+            ts, tw, to, rs = self.tensors[src], self.tensors[w], self.tensors[out], self.root(src)
+            C = tw.shape[0]
+            if (o.attrs[groups] != C or tw.shape[1] != 1 or last.get(rs) != k or to.view_of is not None
+                    or self.tensors[rs].storage != "ARENA" or to.nbytes != self.tensors[rs].nbytes):
+                continue
+            s = self.tensor(TTensor("%s@plane" % to.name, (int(np.prod(self.tensors[plane].shape[2:])),)))
+            if o.name == "CONV2D":
+                o.name, o.slots = "CONV2D_DW_INPLACE", o.slots[:3] + [s, out]
+            else:
+                o.name, o.slots = "CONV2D_BWD_INPUT_DW_INPLACE", o.slots[:2] + [s, out]
 
 
 # ---- rules: how each IR op trains ----------------------------------------------------------
@@ -305,8 +331,9 @@ def rule_for(n):
 
 @rule("conv", "gemm")
 class Layer:
-    """y = conv(x, W) + b, or y = x W^T + b: the input gradient first (it must see the weight the
-    forward used), then the weight and bias gradients, each fused with its parameter's update."""
+    """y = conv(x, W) + b, or y = x W^T + b: the bias gradient, the input gradient (before the
+    weight's update: it must see the weight the forward used), then the weight gradient, each
+    fused with its parameter's update."""
 
     @staticmethod
     def attrs(n):
@@ -316,8 +343,10 @@ class Layer:
         w = b.tensors[ins[1]]
         if n.op == "conv":
             ys = b.tensors[y].shape
-            return b.op("CONV2D", "FORWARD", ins + [y], self.attrs(n), n.onnx_name,
-                        ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:])))
+            macs = ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:]))
+            if len(ins) > 3:   # y = acc + conv(x, W), no bias (split.py)
+                return b.op("CONV2D_ACC", "FORWARD", [ins[0], ins[1], ins[3], y], self.attrs(n), n.onnx_name, macs)
+            return b.op("CONV2D", "FORWARD", ins + [y], self.attrs(n), n.onnx_name, macs)
         return b.op("GEMM", "FORWARD", ins + [y], self.attrs(n), n.onnx_name, w.nbytes // 4)
 
     def backward(self, b, n, ins, dy):
@@ -325,6 +354,10 @@ class Layer:
         w = b.tensors[ins[1]]
         macs = b.fwd[n.output].macs
         x = n.inputs[0]
+        if len(n.inputs) > 3:   # y = acc + conv: acc's gradient is dy
+            b.contribute(n.inputs[3], dy)
+        if n.bias() in b.trainable:   # first: the input gradient may then take dy's memory (in place)
+            b.op("BIAS_BWD", "TRAIN", [dy, ins[2]] + b.sink(n.bias()), [0, b.tensors[ins[2]].shape[0]], n.onnx_name)
         if b.wants(x):
             dx = b.grad_tensor(x, ins[0])
             b.op("CONV2D_BWD_INPUT" if conv else "GEMM_BWD_INPUT", "TRAIN", [dy, ins[1], dx], self.attrs(n),
@@ -345,8 +378,6 @@ class Layer:
                 label = "[%d:%d]" % ((o0, o0 + oc) if oc != O else (k0, k0 + kc))
                 b.op(name, "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight(), (label, shape)),
                      self.attrs(n) + [o0, oc, k0, kc], n.onnx_name, macs * oc * kc // (O * K))
-        if n.bias() in b.trainable:
-            b.op("BIAS_BWD", "TRAIN", [dy, ins[2]] + b.sink(n.bias()), [0, b.tensors[ins[2]].shape[0]], n.onnx_name)
 
 
     @staticmethod
