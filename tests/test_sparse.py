@@ -365,15 +365,16 @@ def test_saved_bits(models, exporter, act, tmp_path):
     else:
         module = Block(act=F.relu).eval()
         paths = {exporter: export(module, torch.zeros(1, 3, hw, hw), exporter, str(tmp_path / "relu.onnx"))}
-    scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (1, 2, 3)],
+    scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (0, 1, 2, 3)],
               "weight_updates": [SCHEME["weight_updates"][0]]}
     plans = {s: microtrain.compile(paths[exporter], update=scheme, lr=0.2, momentum=0.9, saved=s)
              for s in ("float32", "int8", "bits")}
     ops = [o["op"] for o in plans["bits"].ops]
     # after pw1 (read by dw, frozen) and after dw (read by pw2, frozen); first's output feeds the
-    # gradient of the trained pw1 weight, so it stays float (and no gradient goes below it)
-    assert ops.count("MASK_PACK") == 2 and ops.count("MASK_BWD") == 2
-    assert "CLIP_BWD" not in ops and "CLIP_BWD_Q8" not in ops and "QUANTIZE" not in ops
+    # gradient of the trained pw1 weight, so it stays float and its backward (to first's trained
+    # bias) is CLIP_BWD on it
+    assert ops.count("MASK_PACK") == 2 and ops.count("MASK_BWD") == 2 and ops.count("CLIP_BWD") == 1
+    assert "CLIP_BWD_Q8" not in ops and "QUANTIZE" not in ops
     assert len(float_clip_outputs_alive_in_backward(plans["bits"])) == 1   # first's output only
     assert len(float_clip_outputs_alive_in_backward(plans["float32"])) == 3
     masks = [t for t in plans["bits"].tensors if t["name"].endswith("@mask")]
@@ -386,7 +387,7 @@ def test_saved_bits(models, exporter, act, tmp_path):
     names = onnx_names(plans["float32"])
     xs, ys = data()
     xs = xs[:, :, :hw, :hw] * 3   # activations reach the ReLU6 cap, so both ends of the mask matter
-    whole = ("fc.weight", "fc.bias", "pw1.bias", "dw.bias", "pw2.bias")
+    whole = ("fc.weight", "fc.bias", "first.bias", "pw1.bias", "dw.bias", "pw2.bias")
     masks = torch_masks(module, scheme, whole)
     want = torch_train(module, masks, xs, ys, 0.2, 0.9, 0.0, 1)
     got = {}
