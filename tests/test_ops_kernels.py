@@ -1,11 +1,12 @@
-"""The kernels of the activation, product and concatenation ops (mt_act.c, mt_mul.c,
-mt_concat.c) beyond what training against PyTorch shows (tests/test_torch_exactness.py
+"""The kernels of the activation, product, concatenation and mask ops (mt_act.c, mt_mul.c,
+mt_concat.c, mt_mask.c) beyond what training against PyTorch shows (tests/test_torch_exactness.py
 runs each op between trainable layers, with both exporters, and a MobileNetV3-style block):
 
 * forward accuracy over the whole float range, against PyTorch in float64: Sigmoid and Tanh
   use the core's own exp, and Tanh a series near 0, where 1 - exp(-2x) would cancel;
 * each op's load-time check refuses a plan whose op does not fit (kind, alpha, sizes, slice
-  range), naming the op, so no kernel ever runs on shapes it does not expect.
+  range, a packed mask's byte count), naming the op, so no kernel ever runs on shapes it does
+  not expect.
 """
 import struct
 import zlib
