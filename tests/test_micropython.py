@@ -431,15 +431,17 @@ def trained_on_host(plan, x, y):
 
 def data_train_sparse():
     """A MIT-style sparse update (docs/sparse.md) of tests/test_sparse.py's CNN: int8 frozen
-    prefix, some input channels of two 1x1 convs (momentum per channel run), three biases, the
-    head, ReLU6 outputs saved as int8 for the backward (CLIP_BWD_Q8)."""
+    prefix, some input channels of two 1x1 convs (those channels a parameter of their own, read
+    through GATHER_CH; the input gradient back through SCATTER_CH), three biases, the head, ReLU6
+    outputs saved as int8 for the backward (CLIP_BWD_Q8)."""
     scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (1, 2, 3)],
               "weight_updates": [{"conv_index": 1, "channel_axis": 1, "selected_channels": [0, 2, 3, 7]},
                                  {"conv_index": 3, "ratio": 0.5, "select": "magnitude+"}]}
     rng = np.random.default_rng(7)
     plan = sparse_block_plan(scheme, saved="int8", quantize="int8",
                              calibration=rng.normal(size=(32, 3, 6, 6)).astype(np.float32) * 2)
-    assert {"CONV2D_Q8", "CLIP_BWD_Q8", "CONV2D_BWD_WEIGHT"} <= {o["op"] for o in plan.ops} and plan.meta["channels"]
+    assert {"CONV2D_Q8", "CLIP_BWD_Q8", "CONV2D_BWD_WEIGHT", "GATHER_CH", "SCATTER_CH"} <= {o["op"] for o in plan.ops} \
+        and plan.meta["split"]
     x = (rng.normal(size=(4, 3, 6, 6)) * 2).astype(np.float32)
     return trained_on_host(plan, x, rng.integers(0, 4, 4))
 

@@ -575,7 +575,19 @@
 #define MT_MASK_BWD_M 0
 #define MT_MASK_BWD_DY 1
 #define MT_MASK_BWD_DX 2
-#define MT_OP_MAX 50
+#define MT_OP_GATHER_CH 56
+#define MT_GATHER_CH_NSLOTS 3
+#define MT_GATHER_CH_NATTRS 0
+#define MT_GATHER_CH_X 0
+#define MT_GATHER_CH_IDX 1
+#define MT_GATHER_CH_Y 2
+#define MT_OP_SCATTER_CH 57
+#define MT_SCATTER_CH_NSLOTS 3
+#define MT_SCATTER_CH_NATTRS 0
+#define MT_SCATTER_CH_DY 0
+#define MT_SCATTER_CH_IDX 1
+#define MT_SCATTER_CH_DX 2
+#define MT_OP_MAX 57
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -620,7 +632,9 @@
     X(CONCAT) \
     X(SLICE) \
     X(MASK_PACK) \
-    X(MASK_BWD)
+    X(MASK_BWD) \
+    X(GATHER_CH) \
+    X(SCATTER_CH)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -701,6 +715,13 @@
     {2, 1, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SLICE */ \
     {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(1, 4, 0)}, {255, 255, 255, 255}}, /* MASK_PACK */ \
     {3, 0, {MT_SLOT(0, 4, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* MASK_BWD */ \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GATHER_CH */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SCATTER_CH */ \
 }
 
 /* error codes */
