@@ -149,6 +149,24 @@ def int8_net(seed=7):
                           "fc2.weight": w(3, 6), "fc2.bias": w(3)}, [1, 1, 6, 6], [1, 3], "int8_net")
 
 
+def masked(seed=9):
+    """conv (trains) -> Relu -> 1x1 conv (frozen) -> Clip(0, 6) -> 3x3 conv (frozen): with saved="bits" each
+    activation's backward reads a 1-bit mask (MASK_PACK, MASK_BWD); 5 channels of 3x3, 45 bits, so the
+    last mask byte is partly used."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.5, s)   # noqa: E731
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "c.weight", "c.bias"], ["a"], pads=[1, 1, 1, 1], name="c"),
+             n("Relu", ["a"], ["r"], name="relu"),
+             n("Conv", ["r", "p.weight", "p.bias"], ["b"], name="p"),
+             n("Clip", ["b", "lo", "hi"], ["b6"], name="relu6"),
+             n("Conv", ["b6", "q.weight", "q.bias"], ["q"], name="q"),
+             n("Flatten", ["q"], ["y"], name="flat")]
+    return _model(nodes, {"c.weight": w(5, 1, 3, 3), "c.bias": w(5), "p.weight": w(5, 5, 1, 1), "p.bias": w(5),
+                          "lo": np.float32(0), "hi": np.float32(6), "q.weight": w(2, 5, 3, 3), "q.bias": w(2)},
+                  [1, 1, 3, 3], [1, 2], "masked")
+
+
 def int8_seeds(c):
     """int8 plans of int8_net (docs/quantization.md): trained through every frozen int8 layer, and
     an int8 prefix with uint8 input ahead of a float last layer."""
@@ -202,6 +220,7 @@ def seeds():
                                {"initializer": "dw.weight", "channel_axis": 0, "selected_channels": [0, 2, 3]},
                                {"initializer": "pw.weight", "channel_axis": 1, "selected_channels": [3, 0]}]}),
     }
+    out["masks_bits_mom"] = c(masked(), update=["c.weight", "c.bias"], lr=0.05, momentum=0.9, saved="bits")
     out.update(int8_seeds(c))
     return out
 

@@ -249,6 +249,12 @@ OPS = (
     # the gradient of each input is a SLICE of dy, elements [begin, begin + n)
     OpSpec("CONCAT", 47, _s("a b c? d? y:out"), ()),
     OpSpec("SLICE", 48, _s("x y:out"), ("begin",)),
+    # 1-bit masks for the backward of Clip (ReLU, ReLU6) when only the mask is needed
+    # (compile(saved="bits")): MASK_PACK packs bit i = lo < y[i] < hi of the float output into
+    # m, a U8 tensor of ceil(n / 8) bytes (bit i is bit i % 8 of byte i / 8); MASK_BWD is then
+    # CLIP_BWD on the bits: dx = dy where the bit is set, else 0
+    OpSpec("MASK_PACK", 49, _s("y m:out:U8"), ("lo_bits", "hi_bits")),
+    OpSpec("MASK_BWD", 50, _s("m:U8 dy dx:out"), (), inplace=(("dx", "dy"),)),
     # a weight trained on some input channels: the trained convolution reads the GATHER_CH of
     # those channels (idx: their numbers, constant int32); its input gradient goes back through
     # SCATTER_CH (zeros in the other channels). docs/sparse.md

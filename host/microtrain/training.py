@@ -64,8 +64,9 @@ class Builder:
     def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None,
                  saved="float32"):
         self.g = graph
-        self.saved = saved                      # "int8": ReLU6 outputs kept for backward as int8 (Clip rule)
+        self.saved = saved                      # "int8"/"bits": Clip outputs kept for backward as int8/masks
         self.saved_q = {}                       # value name -> its int8 copy
+        self.saved_mask = {}                    # value name -> its 1-bit mask (U8, ceil(n / 8) bytes)
         self.clip_grad = clip_grad
         self.trainable = set(trainable)
         self.channels = dict(channels or {})   # weight -> (axis, channels): trains on those channels only
@@ -402,7 +403,14 @@ class Clip:
     def forward(self, b, n, ins, y):
         op = b.op("CLIP", "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
         lo, hi = n.attrs["lo"], n.attrs["hi"]
-        if b.saved == "int8" and b.wants(n.inputs[0]) and lo == 0 and math.isfinite(hi) and hi > 0 \
+        if b.saved == "bits" and b.wants(n.inputs[0]) and self.only_clip_bwd_reads(b, n.output):
+            # the backward needs only where lo < y < hi: one bit per element lets the float y go
+            # after its forward readers, and the gradient stays exactly CLIP_BWD's
+            t = b.tensors[y]
+            m = b.tensor(TTensor(n.output + "@mask", (-(-int(np.prod(t.shape)) // 8),), dtype="U8"))
+            b.op("MASK_PACK", "FORWARD", [y, m], self.attrs(n), n.onnx_name)
+            b.saved_mask[n.output] = m
+        elif b.saved == "int8" and b.wants(n.inputs[0]) and lo == 0 and math.isfinite(hi) and hi > 0 \
                 and self.only_clip_bwd_reads(b, n.output):
             # the backward needs only where 0 < y < hi: an int8 copy, 0 -> -128 and hi -> 127, lets the
             # float y go after its forward readers (MIT saves int8 outputs too); y within half a step of
@@ -426,7 +434,9 @@ class Clip:
         x = n.inputs[0]
         if b.wants(x):
             dx = b.grad_tensor(x, ins[0])
-            if n.output in b.saved_q:
+            if n.output in b.saved_mask:
+                b.op("MASK_BWD", "TRAIN", [b.saved_mask[n.output], dy, dx], [], n.onnx_name)
+            elif n.output in b.saved_q:
                 b.op("CLIP_BWD_Q8", "TRAIN", [b.saved_q[n.output], dy, dx], [-128, 127], n.onnx_name)
             else:
                 b.op("CLIP_BWD", "TRAIN", [b.index[n.output], dy, dx], self.attrs(n), n.onnx_name)
@@ -621,7 +631,7 @@ def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_g
     inplace=False gives every value its own tensor memory; clip_grad: the largest L2 norm of
     the batch's gradient over all trainable parameters, or None; channels: {weight: (axis,
     channels)} for weights that train on some channels only (schemes.py); saved: "int8" keeps
-    ReLU6 outputs for the backward as int8 (Clip rule)."""
+    ReLU6 outputs for the backward as int8, "bits" keeps Clip masks as 1 bit each (Clip rule)."""
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
     return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad, channels, saved).build()

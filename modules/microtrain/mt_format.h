@@ -562,6 +562,19 @@
 #define MT_SLICE_X 0
 #define MT_SLICE_Y 1
 #define MT_SLICE_A_BEGIN 0
+#define MT_OP_MASK_PACK 49
+#define MT_MASK_PACK_NSLOTS 2
+#define MT_MASK_PACK_NATTRS 2
+#define MT_MASK_PACK_Y 0
+#define MT_MASK_PACK_M 1
+#define MT_MASK_PACK_A_LO_BITS 0
+#define MT_MASK_PACK_A_HI_BITS 1
+#define MT_OP_MASK_BWD 50
+#define MT_MASK_BWD_NSLOTS 3
+#define MT_MASK_BWD_NATTRS 0
+#define MT_MASK_BWD_M 0
+#define MT_MASK_BWD_DY 1
+#define MT_MASK_BWD_DX 2
 #define MT_OP_GATHER_CH 56
 #define MT_GATHER_CH_NSLOTS 3
 #define MT_GATHER_CH_NATTRS 0
@@ -667,6 +680,8 @@
     X(AFFINE) \
     X(CONCAT) \
     X(SLICE) \
+    X(MASK_PACK) \
+    X(MASK_BWD) \
     X(GATHER_CH) \
     X(SCATTER_CH) \
     X(CONV2D_DW_INPLACE) \
@@ -750,8 +765,8 @@
     {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* AFFINE */ \
     {5, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONCAT */ \
     {2, 1, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SLICE */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(1, 4, 0)}, {255, 255, 255, 255}}, /* MASK_PACK */ \
+    {3, 0, {MT_SLOT(0, 4, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* MASK_BWD */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
