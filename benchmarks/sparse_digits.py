@@ -81,9 +81,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=4, help="adaptation epochs")
     ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--saved", choices=microtrain.compiler.SAVED, default="int8",
+    ap.add_argument("--saved", choices=microtrain.compiler.SAVED, default="bits",
                     help="how the ReLU6 outputs the backward reads are kept (compile(saved=...)); bench/sparse_digits"
-                    ".json and docs/sparse.md were measured with int8")
+                    ".json and docs/sparse.md are measured with the default, bits")
     args = ap.parse_args()
     from sklearn.datasets import load_digits
     d = load_digits()

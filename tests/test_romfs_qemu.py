@@ -122,22 +122,23 @@ for name, v in sorted(t.params().items()):
 """
 
 
-def run_on_board(tmp_path, image, code):
+def run_on_board(tmp_path, image, code, firmware=TARGET.firmware, offset=ROM_OFFSET, timeout=600):
+    """Boot `firmware` with the ROMFS image at `offset` in the PSRAM and run code; (out, err)."""
     flash = tmp_path / "psram.img"
     with open(flash, "wb") as f:
         f.truncate(PSRAM_BYTES)
-        f.seek(ROM_OFFSET)
+        f.seek(offset)
         f.write(image)
     sys.path.insert(0, os.path.join(mptargets.MICROPY_DIR, "tools"))
     try:
         import pyboard
     finally:
         sys.path.pop(0)
-    with QemuBoard(TARGET.firmware, flash=str(flash), workdir=str(tmp_path)) as board:
+    with QemuBoard(firmware, flash=str(flash), workdir=str(tmp_path)) as board:
         pyb = pyboard.Pyboard(board.port)
         try:
             pyb.enter_raw_repl()
-            out, err = pyb.exec_raw(code, timeout=600)
+            out, err = pyb.exec_raw(code, timeout=timeout)
             return out.decode(), err.decode()
         finally:
             pyb.close()
@@ -216,7 +217,7 @@ for name, v in sorted(t.params().items()):
 
 def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path):
     """MCUNet-5fps, frozen part int8, MIT's 49kb scheme (channel-sparse 1x1 convs, 20 biases, the
-    head), int8 ReLU6 masks: two training steps on qemu MPS2_AN500 with the plan opened from a
+    head), 1-bit ReLU6 masks: two training steps on qemu MPS2_AN500 with the plan opened from a
     VfsRom, with the host simulator's losses and parameters within 1e-5."""
     sys.path.insert(0, os.path.join(mptargets.ROOT, "benchmarks"))
     try:
@@ -231,7 +232,7 @@ def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path):
         pytest.skip("no firmware %s; run `make firmware-natmod-tests`" % BIG_HEAP_FIRMWARE)
     images = samples(32 + MCUNET_STEPS, 128)
     plan = microtrain.compile(os.path.join(tte, "mcunet-5fps.onnx"), update=os.path.join(tte, "mcunet-5fps.schemes.json"),
-                              scheme="49kb", lr=0.01, saved="int8", quantize="int8", calibration=images[:32],
+                              scheme="49kb", lr=0.01, saved="bits", quantize="int8", calibration=images[:32],
                               input_dtype="uint8", input_quant=(1 / 127.5, 128))
     assert plan.meta["split"], "the scheme's 1x1 convs train on some input channels"
     image = romfs.build({"mcunet.mtp": plan.data})
@@ -242,24 +243,7 @@ def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path):
     losses = np.array([sim.step(xq[s], ys[s]) for s in range(MCUNET_STEPS)], np.float32)
     code = MCUNET_DEVICE % dict(addr=0x60000000 + MCUNET_ROM_OFFSET, size=MCUNET_ROM_BYTES, xq=xq.tobytes(),
                                 ys=ys, steps=MCUNET_STEPS)
-    flash = tmp_path / "psram.img"
-    with open(flash, "wb") as f:
-        f.truncate(PSRAM_BYTES)
-        f.seek(MCUNET_ROM_OFFSET)
-        f.write(image)
-    sys.path.insert(0, os.path.join(mptargets.MICROPY_DIR, "tools"))
-    try:
-        import pyboard
-    finally:
-        sys.path.pop(0)
-    with QemuBoard(BIG_HEAP_FIRMWARE, flash=str(flash), workdir=str(tmp_path)) as board:
-        pyb = pyboard.Pyboard(board.port)
-        try:
-            pyb.enter_raw_repl()
-            out, err = pyb.exec_raw(code, timeout=900)
-        finally:
-            pyb.close()
-    out, err = out.decode(), err.decode()
+    out, err = run_on_board(tmp_path, image, code, BIG_HEAP_FIRMWARE, MCUNET_ROM_OFFSET, timeout=900)
     assert not err, err
     lines = {}
     for line in out.splitlines():
