@@ -114,7 +114,8 @@ def render(results, before, run):
             "classifier trained; ReLU6 outputs saved as int8 for the backward), the nearest case to MIT's 546 ms. "
             "In microtrain's int8 plans only the frozen part before the first trained layer is int8; from there "
             "on the forward, the backward and the update are float32, where MIT's engine trains in int8; and "
-            "the steps here use SGD with momentum 0.9 like every row above. The estimate assumes %.1f cycle per instruction: the M7 issues two instructions "
+            "the steps here use SGD with momentum 0.9 like every row above. The estimate assumes %.1f cycle per "
+            "instruction: the M7 issues two instructions "
             "per cycle in the best case, and load-use stalls, branches, flash wait states and data-cache misses "
             "on a real board pull the other way; the range gives %.1f to %.1f cycles per instruction."
             % (CPI, CPI_RANGE[0], CPI_RANGE[1]), "",
