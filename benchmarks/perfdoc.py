@@ -67,6 +67,19 @@ def precision(e):
     return "int8 frozen part, float32 training" if "int8" in e["model"] else "float32"
 
 
+def int8_cost(results):
+    """A sentence comparing the int8 and float32 MCUNet last-layer steps on the Cortex-M7 board, if both counted."""
+    m7 = {("int8" in e["model"], e["update"]): e for e in results if e["model"].startswith("MCUNet")
+          and e["instr_per_step"] and BOARDS.get(e["board"], {}).get("core") == "Cortex-M7"}
+    q, f = m7.get((True, "last-layer")), m7.get((False, "last-layer"))
+    if not (q and f):
+        return []
+    return ["", "With the last layer trained, the int8 plan's step is %.1fx the float32 plan's instructions on the "
+            "Cortex-M7 (%.1f against %.1f instructions per MAC): the int8 plans' figures say what the int8 "
+            "kernels cost now, not what int8 can cost. `benchmarks/kernel_profile.py` splits a step by C "
+            "function." % (q["instr_per_step"] / f["instr_per_step"], q["instr_per_mac"], f["instr_per_mac"])]
+
+
 def key(e):
     return (e["model"], e["update"], e["board"])
 
@@ -133,9 +146,10 @@ def render(results, before, run):
             if p and p.get("instr_per_step") and abs(p["instr_per_step"] / e["instr_per_step"] - 1) > 0.01:
                 out.append("| %s | microtrain v0, %s, %s (estimate) | %.0f |"
                            % (e["model"], precision(e), e["update"], ms_at_216(p["instr_per_step"])))
+    out += int8_cost(results)
     out += ["", "A float32 MCUNet needs more RAM than the STM32F746 has (see `benchmarks/memory.py`), so its "
-            "row says what the arithmetic costs, not that it would run there; the int8 plans' RAM is in "
-            "`bench/tte.json` (`benchmarks/tte.py`).", ""]
+            "row says what the arithmetic costs, not that it would run there. The RAM each int8 plan needs is in the notes under the first "
+            "table; `benchmarks/tte.py` prints it for every MIT scheme.", ""]
 
     out += ["## Method", "",
             "**Instruction counts** (`benchmarks/qemu_count.py`, `benchmarks/device_count.py`). The MicroPython "
