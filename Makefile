@@ -70,7 +70,7 @@ test: native firmware rp2040js
 # AddressSanitizer and UBSan in CI (docs/reliability.md). Device tests start MicroPython, qemu
 # or node, which the preloaded sanitizer runtimes must not reach.
 DEVICE_TESTS := test_micropython.py test_romfs_qemu.py test_serial.py test_serial_example.py test_serial_faults.py test_stack.py
-DEVICE_TEST_CASES := tests/test_bench.py::test_two_qemu_runs_count_the_same
+DEVICE_TEST_CASES := tests/test_bench.py::test_two_qemu_runs_count_the_same tests/test_bench.py::test_uint8_plan_on_qemu_matches_the_host
 test-host: native
 	$(SANITIZE_ENV) $(PY) -m pytest tests -q -rs $(addprefix --ignore=tests/,$(DEVICE_TESTS)) \
 	    $(addprefix --deselect=,$(DEVICE_TEST_CASES)) $(PYTEST_ARGS)

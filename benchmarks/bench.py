@@ -37,6 +37,7 @@ sys.path.insert(0, HERE)
 import microtrain  # noqa: E402
 
 import bench_models  # noqa: E402
+import calibration  # noqa: E402
 import qemu_count  # noqa: E402
 
 ROOT = bench_models.ROOT
@@ -57,24 +58,47 @@ MICROPY_DIR = os.path.abspath(os.path.expanduser(
 class Case:
     """One model and update mode, compiled, with its sample and what the host computes for it."""
 
-    def __init__(self, cid, model, update, source, has_baseline):
+    def __init__(self, cid, model, update, source, has_baseline, options=None):
         self.id, self.model, self.update, self.has_baseline = cid, model, update, has_baseline
         self.onnx = bench_models.load(source)
-        self.plan = microtrain.compile(self.onnx, update=update, loss="cross-entropy", lr=LR, momentum=MOMENTUM)
+        opts = dict(options or {})
+        # with options (int8, a channel-sparse scheme) the plan is not the float model PyTorch trains here:
+        # no PyTorch time or first-loss check for it
+        self.float_model = not opts
+        if "int8" in opts:
+            side = self.onnx.graph.input[0].type.tensor_type.shape.dim[-1].dim_value
+            opts.update(calibration.int8_options(calibration_samples(opts.pop("int8"), side)))
+        self.plan = microtrain.compile(self.onnx, update=opts.pop("update", update), loss="cross-entropy", lr=LR,
+                                       momentum=MOMENTUM, **opts)
         self.report = self.plan.report()
         self.in_shape = tuple(self.plan.meta["input"]["shape"][1:])
         self.n_out = int(np.prod(self.plan.meta["output"]["shape"][1:]))
-        self.x = np.random.default_rng(7).normal(size=self.in_shape).astype(np.float32)
+        sim = microtrain.Simulator(self.plan)
+        # a float sample; a plan taking integers gets it quantized as its input says (uint8 bytes on the board)
+        self.x = sim.quantize_input(np.random.default_rng(7).normal(size=self.in_shape).astype(np.float32))
         self.label = LABEL % self.n_out
         self.reps = BIG_REPS if self.report["macs_per_step"] > BIG_MACS else REPS
-        sim = microtrain.Simulator(self.plan)
         self.trainable = sorted(sim.params())
         losses = [sim.step(self.x, self.label) for _ in range(1 + self.reps)]
         self.expect = {"loss": float(losses[-1]), "out0": float(sim.predict(self.x).reshape(-1)[0]),
                        "baseline_loss": float(losses[-1])}
 
+    def device_input(self, blob):
+        """The sample in the blob as Trainer.step reads it: float32, or the plan's int8/uint8 bytes."""
+        return blob.add_f32(self.x) if self.x.dtype == np.float32 else blob.add(self.x.tobytes())
+
     def heap_needed(self):
         return self.report["ram_bytes"] + HEAP_MARGIN
+
+
+_calibration = {}
+
+
+def calibration_samples(n, side):
+    """benchmarks/calibration.py's images, made once for all the int8 cases."""
+    if (n, side) not in _calibration:
+        _calibration[(n, side)] = calibration.samples(n, side)
+    return _calibration[(n, side)]
 
 
 # ---- host: the simulator beside PyTorch eager ------------------------------------------------
@@ -97,11 +121,15 @@ def per_call_us(fn, repeats=7, min_time=0.05):
 
 
 def host_speed(case):
-    """(simulator us per step, torch eager us per step), measured one after the other in this process."""
+    """(simulator us per step, torch eager us per step or None), measured one after the other in this
+    process. A plan that is not the float model (int8) has no PyTorch counterpart: None."""
+    sim = microtrain.Simulator(case.plan)
+    x, y = case.x, case.label
+    if not case.float_model:
+        return per_call_us(lambda: sim.step(x, y)), None
     import torch
     import torch_eager
     torch.set_num_threads(1)   # the simulator runs on one thread too
-    sim = microtrain.Simulator(case.plan)
     _, tstep = torch_eager.trainer(case.onnx, case.trainable, LR, MOMENTUM)
     tx = torch.from_numpy(case.x[None].copy())
     ty = torch.tensor([case.label])
@@ -110,7 +138,6 @@ def host_speed(case):
     if not abs(first_sim - first_torch) <= TOL * max(1.0, abs(first_torch)):
         raise RuntimeError("%s: PyTorch's first loss %r differs from the simulator's %r: not the same model"
                            % (case.id, first_torch, first_sim))
-    x, y = case.x, case.label
     return per_call_us(lambda: sim.step(x, y)), per_call_us(lambda: tstep(tx, ty))
 
 
@@ -119,7 +146,7 @@ def host_speed(case):
 
 def device_script(board, cases, baseline_cases, blob):
     """The script the board runs, with its data, and the blob it reads."""
-    rows = [(c.id, blob.add(c.plan.data), blob.add_f32(c.x), c.label, c.n_out, c.reps) for c in cases]
+    rows = [(c.id, blob.add(c.plan.data), c.device_input(blob), c.label, c.n_out, c.reps) for c in cases]
     baselines = []
     for c in baseline_cases:
         w = {t.name: numpy_helper.to_array(t).reshape(-1) for t in c.onnx.graph.initializer}
@@ -269,7 +296,7 @@ def main():
     host = {}
     for c in ([] if args.no_host else cases):
         host[c.id] = host_speed(c)
-        print("%-12s host %8.1f us/step, torch eager %8.1f us/step" % ((c.id,) + host[c.id]))
+        print("%-16s host %8.1f us/step, torch eager %s us/step" % (c.id, host[c.id][0], fmt(host[c.id][1])))
 
     counted, notes, raw_runs = {}, {}, [{} for _ in range(args.runs)]
     for board in ([] if args.no_qemu else args.boards):
@@ -322,7 +349,7 @@ def main():
                             instr_per_mac=round(step / macs, 1) if step is not None and macs else None,
                             baseline_instr_per_step=r.get("baseline"),
                             host_us_per_step=round(host[c.id][0], 1) if c.id in host else None,
-                            torch_us_per_step=round(host[c.id][1], 1) if c.id in host else None))
+                            torch_us_per_step=round(host[c.id][1], 1) if host.get(c.id, (0, None))[1] else None))
     print()
     print(table(out))
     named = {c.id: "%s / %s" % (c.model, c.update) for c in cases}

@@ -45,11 +45,12 @@ def mlp(n_in=64, hidden=32, n_out=10, seed=0):
     return _model(nodes, inits, [1, n_in], n_out, "mlp")
 
 
-def small_cnn(seed=0, hw=16, c1=8, c2=16, n_out=10):
-    """x (1, 1, 16, 16) -> Conv 3x3 1->8 pad 1 -> Relu -> MaxPool 2 -> Conv 3x3 8->16 pad 1 -> Relu
+def small_cnn(seed=0, hw=16, c1=8, c2=16, n_out=10, c_in=1):
+    """x (1, c_in=1, 16, 16) -> Conv 3x3 c_in->8 pad 1 -> Relu -> MaxPool 2 -> Conv 3x3 8->16 pad 1 -> Relu
     -> GlobalAveragePool -> Flatten -> Gemm 16->10."""
     rng = np.random.default_rng(seed)
-    inits = [_init("c1.weight", _uniform(rng, 9, c1, 1, 3, 3)), _init("c1.bias", _uniform(rng, 9, c1)),
+    inits = [_init("c1.weight", _uniform(rng, 9 * c_in, c1, c_in, 3, 3)),
+             _init("c1.bias", _uniform(rng, 9 * c_in, c1)),
              _init("c2.weight", _uniform(rng, 9 * c1, c2, c1, 3, 3)), _init("c2.bias", _uniform(rng, 9 * c1, c2)),
              _init("fc.weight", _uniform(rng, c2, n_out, c2)), _init("fc.bias", _uniform(rng, c2, n_out))]
     nodes = [helper.make_node("Conv", ["x", "c1.weight", "c1.bias"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
@@ -62,7 +63,7 @@ def small_cnn(seed=0, hw=16, c1=8, c2=16, n_out=10):
              helper.make_node("GlobalAveragePool", ["br"], ["g"], name="gap"),
              helper.make_node("Flatten", ["g"], ["f"], name="flat"),
              helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
-    return _model(nodes, inits, [1, 1, hw, hw], n_out, "small_cnn")
+    return _model(nodes, inits, [1, c_in, hw, hw], n_out, "small_cnn")
 
 
 def tte_dir():
@@ -75,19 +76,31 @@ def tte_dir():
     return None
 
 
+CALIBRATION = 32   # calibration images for the int8 plans (benchmarks/tte.py's default)
+INT8_MCUNET = "MCUNet-5fps 128x128 int8"   # frozen part int8, uint8 input; what trains stays float32
+
+
 def cases():
-    """(id, model name, update, ONNX model or path, has a plain-MicroPython baseline).
-    The MLP and CNN use cross-entropy, SGD momentum 0.9 and batch 1 like every case."""
-    out = [("fixed", "Linear 1-2 (fixed cost)", "full", linear(), False),
-           ("mlp-full", "MLP 64-32-10", "full", mlp(), True),
-           ("mlp-last", "MLP 64-32-10", "last-layer", mlp(), True),
-           ("cnn-full", "small CNN 16x16", "full", small_cnn(), False),
-           ("cnn-last", "small CNN 16x16", "last-layer", small_cnn(), False),
+    """(id, model name, update, ONNX model or path, has a plain-MicroPython baseline, compile options).
+    Every case uses cross-entropy, SGD momentum 0.9 and batch 1. Compile options (None for a float32
+    plan of the whole model): "int8" = number of calibration images (benchmarks/calibration.py) for
+    an int8 frozen part taking uint8 pixels, as benchmarks/tte.py compiles MIT's networks; the rest
+    go to microtrain.compile as they are (update= then replaces the update label)."""
+    out = [("fixed", "Linear 1-2 (fixed cost)", "full", linear(), False, None),
+           ("mlp-full", "MLP 64-32-10", "full", mlp(), True, None),
+           ("mlp-last", "MLP 64-32-10", "last-layer", mlp(), True, None),
+           ("cnn-full", "small CNN 16x16", "full", small_cnn(), False, None),
+           ("cnn-last", "small CNN 16x16", "last-layer", small_cnn(), False, None),
            ("digits-last", "digits CNN (example)", "last-layer", os.path.join(ROOT, "examples", "digits_cnn.onnx"),
-            False)]
+            False, None)]
     tte = tte_dir()
-    if tte and os.path.exists(os.path.join(tte, "mcunet-5fps.onnx")):
-        out.append(("mcunet-last", "MCUNet-5fps 128x128", "last-layer", os.path.join(tte, "mcunet-5fps.onnx"), False))
+    onnx_path, schemes = (os.path.join(tte or "", "mcunet-5fps" + ext) for ext in (".onnx", ".schemes.json"))
+    if tte and os.path.exists(onnx_path):
+        out.append(("mcunet-last", "MCUNet-5fps 128x128", "last-layer", onnx_path, False, None))
+        out.append(("mcunet-int8-last", INT8_MCUNET, "last-layer", onnx_path, False, dict(int8=CALIBRATION)))
+        if os.path.exists(schemes):
+            out.append(("mcunet-int8-49kb", INT8_MCUNET, "sparse 49kb (MIT)", onnx_path, False,
+                        dict(int8=CALIBRATION, update=schemes, scheme="49kb", saved="int8")))
     return out
 
 

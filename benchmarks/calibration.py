@@ -11,6 +11,9 @@ import sys
 
 import numpy as np
 
+# uint8 pixels p as MIT's models take them: x = (p - 128) / 127.5, about p / 127.5 - 1
+INPUT_QUANT = (1 / 127.5, 128)
+
 
 def samples(n=64, size=128, seed=0):
     from sklearn.datasets import load_sample_images
@@ -31,6 +34,12 @@ def samples(n=64, size=128, seed=0):
         cells = np.add.reduceat(rows, edges[:-1], axis=1) / np.diff(edges)[None, :, None]
         out[k] = (cells / 127.5 - 1.0).transpose(2, 0, 1)
     return out
+
+
+def int8_options(calib):
+    """microtrain.compile's arguments for an MCU network's frozen part in int8 (post-training
+    min/max calibration on `calib`) taking uint8 pixels, as benchmarks/tte.py and bench.py use them."""
+    return dict(quantize="int8", calibration=calib, input_dtype="uint8", input_quant=INPUT_QUANT)
 
 
 def main():

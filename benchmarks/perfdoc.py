@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from bench_models import CALIBRATION
 from qemu_count import BOARDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,6 +62,24 @@ def ms_at_216(instr, cpi=CPI, board="MPS2_AN500"):
     return instr * cpi / (MHZ * 1e3)
 
 
+def precision(e):
+    """What the plan computes in, from the model name bench_models gives int8 plans."""
+    return "int8 frozen part, float32 training" if "int8" in e["model"] else "float32"
+
+
+def int8_cost(results):
+    """A sentence comparing the int8 and float32 MCUNet last-layer steps on the Cortex-M7 board, if both counted."""
+    m7 = {("int8" in e["model"], e["update"]): e for e in results if e["model"].startswith("MCUNet")
+          and e["instr_per_step"] and BOARDS.get(e["board"], {}).get("core") == "Cortex-M7"}
+    q, f = m7.get((True, "last-layer")), m7.get((False, "last-layer"))
+    if not (q and f):
+        return []
+    return ["", "With the last layer trained, the int8 plan's step is %.1fx the float32 plan's instructions on the "
+            "Cortex-M7 (%.1f against %.1f instructions per MAC): the int8 plans' figures say what the int8 "
+            "kernels cost now, not what int8 can cost. `benchmarks/kernel_profile.py` splits a step by C "
+            "function." % (q["instr_per_step"] / f["instr_per_step"], q["instr_per_mac"], f["instr_per_mac"])]
+
+
 def key(e):
     return (e["model"], e["update"], e["board"])
 
@@ -100,28 +119,37 @@ def render(results, before, run):
 
     out += ["## Beside MIT's measured figures", "",
             "MIT measured one training step of int8 networks on an STM32F746 (Cortex-M7, 216 MHz) with their Tiny "
-            "Training Engine (NeurIPS 2022, Fig. 10). microtrain is float32 for now (its int8 kernels are not "
-            "written yet), so the nearest case is MCUNet-5fps with only the last layer trained; MIT's sparse "
-            "update also trains the biases and some weights of the last blocks, in int8. The estimate assumes "
-            "%.1f cycle per instruction: the M7 issues two instructions per cycle in the best case, and "
-            "load-use stalls, branches, flash wait states and data-cache misses on a real board pull the other "
-            "way; the range gives %.1f to %.1f cycles per instruction." % (CPI, CPI_RANGE[0], CPI_RANGE[1]), "",
+            "Training Engine (NeurIPS 2022, Fig. 10). Beside them, **estimates** for microtrain's MCUNet-5fps "
+            "plans from their instruction counts on qemu: the float32 plan with the last layer trained; the int8 "
+            "plan with the last layer trained (everything before it int8, calibrated as `benchmarks/tte.py` "
+            "does, uint8 pixel input); and the int8 plan with MIT's 49kb sparse-update scheme (the biases of the last "
+            "20 convolutions, a quarter or half of the input channels of three 1x1 convolutions' weights and the "
+            "classifier trained; ReLU6 outputs saved as int8 for the backward), the nearest case to MIT's 546 ms. "
+            "In microtrain's int8 plans only the frozen part before the first trained layer is int8; from there "
+            "on the forward, the backward and the update are float32, where MIT's engine trains in int8; and "
+            "the steps here use SGD with momentum 0.9 like every row above. The estimate assumes %.1f cycle per "
+            "instruction: the M7 issues two instructions "
+            "per cycle in the best case, and load-use stalls, branches, flash wait states and data-cache misses "
+            "on a real board pull the other way; the range gives %.1f to %.1f cycles per instruction."
+            % (CPI, CPI_RANGE[0], CPI_RANGE[1]), "",
             "| network | what | ms per step |", "|---|---|---:|"]
     for net, what, how, mit_ms in MIT_MS:
         out.append("| %s | %s (MIT, %s) | %d |" % (net, what, how, mit_ms))
     for e in results:
         if e["model"].startswith("MCUNet") and ms_at_216(e["instr_per_step"], board=e["board"]):
             lo, hi = (ms_at_216(e["instr_per_step"], c) for c in CPI_RANGE)
-            out.append("| %s | microtrain, float32, %s (estimate from %s instructions on qemu %s) | %.0f "
-                       "(%.0f-%.0f) |" % (e["model"], e["update"],
+            out.append("| %s | microtrain, %s, %s (**estimate** from %s instructions on qemu %s) | %.0f "
+                       "(%.0f-%.0f) |" % (e["model"], precision(e), e["update"],
                                           "{:,}".format(e["instr_per_step"]), e["board"],
                                           ms_at_216(e["instr_per_step"]), lo, hi))
             p = prev.get(key(e))
             if p and p.get("instr_per_step") and abs(p["instr_per_step"] / e["instr_per_step"] - 1) > 0.01:
-                out.append("| %s | microtrain v0, float32, %s (estimate) | %.0f |"
-                           % (e["model"], e["update"], ms_at_216(p["instr_per_step"])))
-    out += ["", "A float32 MCUNet needs more RAM than the STM32F746 has (see `benchmarks/memory.py`), so this "
-            "row says what the arithmetic costs, not that it would run there.", ""]
+                out.append("| %s | microtrain v0, %s, %s (estimate) | %.0f |"
+                           % (e["model"], precision(e), e["update"], ms_at_216(p["instr_per_step"])))
+    out += int8_cost(results)
+    out += ["", "A float32 MCUNet needs more RAM than the STM32F746 has (see `benchmarks/memory.py`), so its "
+            "row says what the arithmetic costs, not that it would run there. The RAM each int8 plan needs is in the notes under the first "
+            "table; `benchmarks/tte.py` prints it for every MIT scheme.", ""]
 
     out += ["## Method", "",
             "**Instruction counts** (`benchmarks/qemu_count.py`, `benchmarks/device_count.py`). The MicroPython "
@@ -136,15 +164,22 @@ def render(results, before, run):
             "counting, `gc.collect()` runs before each window and the calls allocate nothing, so the counts are "
             "a pure function of code and data. Each figure is the median of three consecutive steps after a "
             "first uncounted one, one step for MCUNet (%s). Plans and samples are loaded by qemu's "
-            "generic loader into RAM the firmware does not use and read in place."
+            "generic loader into RAM the firmware does not use and read in place; a plan that takes uint8 pixels "
+            "gets its sample as those bytes (a `bytearray`), as an application would pass them."
             % (" and ".join(run.get("boards", ["MPS2_AN500"])), run.get("qemu", "qemu"), run.get("icount_shift", 7),
                run.get("icount_shift", 7), overhead(run), spread(run)), "",
+            "**Where a step's instructions go** (`benchmarks/kernel_profile.py`): the same device script under "
+            "qemu's execution log (`-d in_asm,exec,nochain`), each executed translation block's instructions "
+            "attributed to the firmware symbol that holds it, one step isolated as the difference between runs "
+            "of 1 and 1+K steps; it prints one step's instructions per C function (and the convolution kernels "
+            "against the plan's convolution MACs). Run it by hand while changing kernels; `make bench` does not.",
+            "",
             "**Repeatability.** `make bench` runs qemu twice and compares every window's count: %s." % repeat(run),
             "",
             "**Checked, not assumed.** The loss the board reports after the counted steps and the first output "
             "of the counted predict are compared with the host simulator's (within 1e-4); the plain-MicroPython "
-            "baseline's loss with the core's; PyTorch's first loss with the simulator's. A mismatch stops the "
-            "benchmark.", "",
+            "baseline's loss with the core's; PyTorch's first loss with the simulator's (float32 plans of the "
+            "whole model only: see *Host*). A mismatch stops the benchmark.", "",
             "**Baseline** (`benchmarks/plain_mlp.py`): the same MLP step (forward, softmax cross-entropy, "
             "backward, SGD with momentum) in plain MicroPython, weights in `array('f')` rows, run on the same "
             "board in a qemu session of its own. Its count includes the garbage collections its float objects "
@@ -156,12 +191,21 @@ def render(results, before, run):
             "wrapper) against PyTorch eager on the CPU, the same ONNX weights run op by op "
             "(`benchmarks/torch_eager.py`) with only the trained parameters requiring gradients, "
             "`torch.optim.SGD(momentum=0.9)`, batch 1, one thread each; median of 7 timings of a batch of steps, "
-            "measured one after the other in one process.", "",
+            "measured one after the other in one process. The int8 MCUNet plans have no PyTorch figure (`-`, "
+            "`null` in the JSON): they are not the float model PyTorch runs (int8 frozen layers with their "
+            "rounding, uint8 input, and for the 49kb scheme weights trained on some input channels only), so "
+            "neither the time nor the first-loss check would compare like with like; their host figure is the "
+            "simulator's alone.", "",
             "**Models** (`benchmarks/bench_models.py`): Linear 1-2 (what a step call costs with no arithmetic); "
             "MLP Gemm 64-32 Relu Gemm 32-10; small CNN: 1x16x16 input, Conv 3x3 1-8 pad 1, Relu, MaxPool 2, "
             "Conv 3x3 8-16 pad 1, Relu, GlobalAveragePool, Gemm 16-10; `examples/digits_cnn.onnx`; MCUNet-5fps "
-            "at 128x128 from `shared/models/tte/` (float32 copy of MIT's int8 network). MACs per step come from "
-            "the plan's report (forward and backward, as planned).", ""]
+            "at 128x128 from `shared/models/tte/` (float32 copy of MIT's int8 network); the same MCUNet with its "
+            "frozen part int8 (`quantize=\"int8\"`, min/max calibration on %d images of "
+            "`benchmarks/calibration.py`, uint8 pixel input with scale 1/127.5 and zero point 128, as "
+            "`benchmarks/tte.py` compiles it), with the last layer trained and with MIT's 49kb scheme "
+            "(`update=mcunet-5fps.schemes.json`, `scheme=\"49kb\"`, `saved=\"int8\"`). Each sample is the "
+            "same seeded normal noise, quantized for the uint8 plans. MACs per step come from the plan's report "
+            "(forward and backward, as planned; int8 MACs counted like float ones)." % CALIBRATION, ""]
 
     out += ["## v0 against the issue's table", "",
             "Issue 8's table was measured on the same qemu board before this harness existed, with `-icount "

@@ -24,7 +24,7 @@ import microtrain
 from microtrain.peak import alive_at_peak
 
 from bench_models import tte_dir
-from calibration import samples
+from calibration import int8_options, samples
 
 MODELS = ("mcunet-5fps", "mbv2-w0.35")
 MIT_PEAK_KB = {"mcunet-5fps": 173, "mbv2-w0.35": 141}   # Fig. 10: sparse update + operator reordering
@@ -38,8 +38,7 @@ def kb(n):
 def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits"):
     """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
     quantize: its plan is float32 with float input."""
-    q = {} if scheme == "full" else dict(quantize="int8", calibration=calib, input_dtype="uint8",
-                                         input_quant=(1 / 127.5, 128))
+    q = {} if scheme == "full" else int8_options(calib)
     t = time.time()
     plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved, **q)
     seconds = time.time() - t

@@ -125,6 +125,54 @@ def test_doc_lists_every_entry():
     assert "estimate" in doc
 
 
+def test_doc_puts_int8_mcunet_estimates_beside_mit():
+    """The int8 MCUNet rows of the Cortex-M7 board reach the MIT table as labelled estimates, with
+    what the plan computes in; the soft-float board's do not (its core is not MIT's)."""
+    import perfdoc
+    row = dict(model="MCUNet-5fps 128x128 int8", update="sparse 49kb (MIT)", board="MPS2_AN500",
+               instr_per_step=108_000_000, instr_per_predict=1, macs_per_step=1, instr_per_mac=1.0,
+               baseline_instr_per_step=None, host_us_per_step=1.0, torch_us_per_step=None)
+    doc = perfdoc.render([row, dict(row, board="MPS2_AN385", instr_per_step=999_000_000)], [], {})
+    mit = doc.split("## Beside MIT's measured figures")[1].split("## Method")[0]
+    assert "| 546 |" in mit
+    assert ("| MCUNet-5fps 128x128 int8 | microtrain, int8 frozen part, float32 training, sparse 49kb (MIT) "
+            "(**estimate** from 108,000,000 instructions on qemu MPS2_AN500) | 500 (350-750) |") in mit
+    assert "MPS2_AN385" not in mit
+    assert "not written yet" not in doc
+
+
+def _int8_case():
+    """An int8 plan taking uint8 pixels, compiled as bench.py compiles the int8 MCUNet rows
+    (bench_models.cases()' options), on a small RGB CNN so that it costs a second."""
+    import bench
+    return bench.Case("cnn-int8", "small CNN 16x16 int8", "last-layer", bench_models.small_cnn(c_in=3), False,
+                      dict(int8=8))
+
+
+def test_uint8_plan_gets_its_sample_as_bytes():
+    """A uint8-input plan's sample goes to the board as one byte per input element, quantized as
+    ONNX QuantizeLinear (onnx.reference) quantizes the float sample with the plan's input scale
+    and zero point; it has no PyTorch figure (not the float model), the simulator's time only."""
+    import bench
+    from onnx import TensorProto, helper
+    case = _int8_case()
+    inp = case.plan.meta["input"]
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("q", TensorProto.UINT8, None)],
+                              [numpy_helper.from_array(np.array(inp["scale"], np.float32), "s"),
+                               numpy_helper.from_array(np.array(inp["zero_point"], np.uint8), "z")])
+    x = np.random.default_rng(7).normal(size=case.in_shape).astype(np.float32)   # bench.Case's seeded sample
+    want = ReferenceEvaluator(helper.make_model(graph)).run(None, {"x": x})[0]
+    blob = qemu_count.Blob()
+    off, n = case.device_input(blob)
+    assert n == 3 * 16 * 16
+    np.testing.assert_array_equal(np.frombuffer(bytes(blob.data[off:off + n]), np.uint8).reshape(x.shape), want)
+    assert len(set(want.reshape(-1))) > 100   # a real spread of pixel values, not a saturated sample
+    host_us, torch_us = bench.host_speed(case)
+    assert host_us > 0 and torch_us is None
+
+
 def _firmware():
     fw = os.path.join(ROOT, "build", "firmware", "mps2_an500", "firmware.elf")
     micropy = os.environ.get("MICROPY_DIR") or os.path.expanduser("~/.cache/microtrain/micropython")
@@ -145,3 +193,12 @@ def test_two_qemu_runs_count_the_same():
     runs = [bench.count_on(BOARD, fw, [case], [], False)[1] for _ in range(2)]
     assert runs[0] == runs[1]
     assert set(runs[0]) == {"- empty", "fixed step", "fixed predict"}
+
+
+def test_uint8_plan_on_qemu_matches_the_host():
+    """The board takes the uint8 sample from the blob in place (a bytearray): its loss after the
+    counted steps and its first output match the host simulator's (count_on raises otherwise)."""
+    fw = _firmware()
+    import bench
+    res, counts = bench.count_on(BOARD, fw, [_int8_case()], [], False)
+    assert set(res["cnn-int8"]) == {"step", "predict"}
