@@ -100,7 +100,7 @@ def cases():
         out.append(("mcunet-int8-last", INT8_MCUNET, "last-layer", onnx_path, False, dict(int8=CALIBRATION)))
         if os.path.exists(schemes):
             out.append(("mcunet-int8-49kb", INT8_MCUNET, "sparse 49kb (MIT)", onnx_path, False,
-                        dict(int8=CALIBRATION, update=schemes, scheme="49kb", saved="int8")))
+                        dict(int8=CALIBRATION, update=schemes, scheme="49kb", saved="bits")))
     return out
 
 

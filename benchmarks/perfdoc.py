@@ -203,7 +203,7 @@ def render(results, before, run):
             "frozen part int8 (`quantize=\"int8\"`, min/max calibration on %d images of "
             "`benchmarks/calibration.py`, uint8 pixel input with scale 1/127.5 and zero point 128, as "
             "`benchmarks/tte.py` compiles it), with the last layer trained and with MIT's 49kb scheme "
-            "(`update=mcunet-5fps.schemes.json`, `scheme=\"49kb\"`, `saved=\"int8\"`). Each sample is the "
+            "(`update=mcunet-5fps.schemes.json`, `scheme=\"49kb\"`, `saved=\"bits\"`). Each sample is the "
             "same seeded normal noise, quantized for the uint8 plans. MACs per step come from the plan's report "
             "(forward and backward, as planned; int8 MACs counted like float ones)." % CALIBRATION, ""]
 
