@@ -406,8 +406,11 @@ def test_saved_bits(models, exporter, act, tmp_path):
     masks = [t for t in plans["bits"].tensors if t["name"].endswith("@mask")]
     assert sorted(t["bytes"] for t in masks) == [-(-12 * hw * hw // 8)] * 2 and {t["dtype"] for t in masks} == {"U8"}
     peak = {s: p.report()["peak_live_bytes"] for s, p in plans.items()}
-    if act == "relu6":   # int8 copies only for ReLU6 (a bounded range)
-        assert peak["bits"] < peak["int8"] < peak["float32"], peak
+    if act == "relu6":   # int8 copies only for ReLU6 (a bounded range); the arena's peak may lie
+        # where neither is alive (the in-place depthwise conv), so the saved bytes are compared too
+        assert peak["bits"] <= peak["int8"] < peak["float32"], peak
+        copies = [t["bytes"] for t in plans["int8"].tensors if t["name"].endswith("@int8")]
+        assert len(copies) == 2 and sum(t["bytes"] for t in masks) * 7 < sum(copies)
     else:
         assert peak["bits"] < peak["float32"], peak
     names = onnx_names(plans["float32"])
