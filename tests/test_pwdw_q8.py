@@ -13,7 +13,6 @@ import zlib
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 
 import int8_models as M
 import microtrain
@@ -25,34 +24,6 @@ from microtrain.quantize import ptq
 from test_int8_onnxruntime import compare
 
 N_SAMPLES = 60
-
-
-class Block(nn.Module):
-    """stem conv, then an inverted residual: 1x1 expansion, depthwise kxk, 1x1 projection (with the
-    residual when the shapes allow), global average pooling, Linear."""
-
-    def __init__(self, k=3, stride=1, pad=1, dil=1, expand=24, cin=1, width=8, bias=False):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(cin, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU6())
-        self.pw1 = nn.Sequential(nn.Conv2d(width, expand, 1, bias=bias), nn.BatchNorm2d(expand), nn.ReLU6())
-        self.dw = nn.Sequential(nn.Conv2d(expand, expand, k, stride, pad, dilation=dil, groups=expand, bias=bias),
-                                nn.BatchNorm2d(expand), nn.ReLU6())
-        self.pw2 = nn.Sequential(nn.Conv2d(expand, width, 1, bias=bias), nn.BatchNorm2d(width))
-        self.residual = stride == 1 and 2 * pad == dil * (k - 1)
-        self.fc = nn.Linear(width, 10)
-        g = torch.Generator().manual_seed(k * 10 + stride)
-        for m in self.modules():   # batch statistics as a trained network has them
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.2)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.3)
-
-    def forward(self, x):
-        a = self.stem(x)
-        h = self.pw2(self.dw(self.pw1(a)))
-        if self.residual:
-            h = h + a
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1))
 
 
 GEOMETRIES = {   # name: (k, stride, pad, dil)
@@ -70,7 +41,7 @@ def export(tmp_path, geometry, exporter, **kw):
     k, s, p, d = GEOMETRIES[geometry]
     torch.manual_seed(0)
     path = str(tmp_path / ("%s_%s.onnx" % (geometry, exporter)))
-    return M.export(Block(k, s, p, d, **kw).eval(), path, exporter, shape=(1, kw.get("cin", 1), 8, 8))
+    return M.export(M.Block(k, s, p, d, **kw).eval(), path, exporter, shape=(1, kw.get("cin", 1), 8, 8))
 
 
 def ops(plan):
@@ -105,7 +76,7 @@ def test_wide_rows_are_bit_identical(tmp_path, geometry):
     """Rows wider than the kernels' 32-output chunks, three input channels, random inputs."""
     k, s, p, d = GEOMETRIES[geometry]
     torch.manual_seed(1)
-    src = M.export(Block(k, s, p, d, expand=16, cin=3, width=6).eval(), str(tmp_path / "wide.onnx"), "ts",
+    src = M.export(M.Block(k, s, p, d, expand=16, cin=3, width=6).eval(), str(tmp_path / "wide.onnx"), "ts",
                    shape=(1, 3, 11, 70))
     rng = np.random.default_rng(0)
     calib = rng.standard_normal((20, 3, 11, 70)).astype(np.float32)
@@ -120,7 +91,7 @@ def test_wide_rows_are_bit_identical(tmp_path, geometry):
 def test_arena_is_smaller_by_the_expanded_tensor(tmp_path):
     """An MCU-sized block: 24x24 input, 8 channels expanded to 48 (27,648 bytes of int8)."""
     torch.manual_seed(2)
-    src = M.export(Block(3, 2, 1, 1, expand=48, cin=3, width=8).eval(), str(tmp_path / "big.onnx"), "ts",
+    src = M.export(M.Block(3, 2, 1, 1, expand=48, cin=3, width=8).eval(), str(tmp_path / "big.onnx"), "ts",
                    shape=(1, 3, 24, 24))
     calib = np.random.default_rng(0).standard_normal((10, 3, 24, 24)).astype(np.float32)
     fused = microtrain.compile(src, update="last-layer", quantize="int8", calibration=calib)
