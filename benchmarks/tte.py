@@ -11,6 +11,7 @@ arena's peak and the largest tensors alive there. With --momentum 0.9 the state 
 the momentum of channel-sparse weights held for their trained channels only.
 
     python benchmarks/tte.py [--calibration 32] [--momentum 0] [--json bench/tte.json] [--schemes 49kb,full]
+                             [--no-int8-fuse]
 """
 import argparse
 import json
@@ -33,11 +34,11 @@ def kb(n):
     return n / 1024
 
 
-def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="int8"):
+def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="int8", int8_fuse=True):
     """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
     quantize: its plan is float32 with float input."""
     q = {} if scheme == "full" else dict(quantize="int8", calibration=calib, input_dtype="uint8",
-                                         input_quant=(1 / 127.5, 128))
+                                         input_quant=(1 / 127.5, 128), int8_fuse=int8_fuse)
     t = time.time()
     plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved, **q)
     seconds = time.time() - t
@@ -59,6 +60,8 @@ def main():
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--saved", choices=["float32", "int8"], default="int8",
                     help="how ReLU6 outputs are kept for the backward (compile(saved=...))")
+    ap.add_argument("--no-int8-fuse", dest="int8_fuse", action="store_false",
+                    help="keep each int8 1x1 conv and its depthwise conv two ops (compile(int8_fuse=False))")
     ap.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")
     ap.add_argument("--json", metavar="FILE", default=None, help="also write the results here (e.g. bench/tte.json)")
     ap.add_argument("--top", type=int, default=4, help="tensors alive at the peak to print")
@@ -79,8 +82,8 @@ def main():
         for s in schemes:
             if want and s["scheme"] not in want:
                 continue
-            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved)
-            r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved,
+            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved, args.int8_fuse)
+            r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved, int8_fuse=args.int8_fuse,
                      mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
                      mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
             rows.append(r)
