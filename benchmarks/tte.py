@@ -83,7 +83,8 @@ def main():
             if want and s["scheme"] not in want:
                 continue
             r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved, args.int8_fuse)
-            r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved, int8_fuse=args.int8_fuse,
+            r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved,
+                     int8_fuse=args.int8_fuse,
                      mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
                      mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
             rows.append(r)

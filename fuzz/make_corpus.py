@@ -161,7 +161,7 @@ def int8_seeds(c):
         "int8_prefix_uint8_input": c(int8_net(seed=8), update="last-layer", lr=0.05, momentum=0.9,
                                      input_dtype="uint8", input_quant=(1 / 255, 0), **q),
         "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8",
-                                     calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype(np.float32)),
+                                     calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
     }
 
 

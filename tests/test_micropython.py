@@ -416,7 +416,8 @@ def data_int8():
                 HOST_PRED=f32(pred), HOST_PRED_F=f32(pred_f), HOST_LOSSES=f32(losses),
                 HOST_PARAMS=params_f32(host_train), HOST_LOSSES_THROUGH=f32(losses_through),
                 HOST_PARAMS_THROUGH=params_f32(host_through), PLAN_PWDW=pwdw.data, PLAN_PWDW_TRAIN=pwdw_train.data,
-                HOST_PRED_PWDW=f32(pred_pwdw), HOST_LOSSES_PWDW=f32(losses_pwdw), HOST_PARAMS_PWDW=params_f32(host_pwdw))
+                HOST_PRED_PWDW=f32(pred_pwdw), HOST_LOSSES_PWDW=f32(losses_pwdw),
+                HOST_PARAMS_PWDW=params_f32(host_pwdw))
 
 
 DATA["int8"] = data_int8
