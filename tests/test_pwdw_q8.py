@@ -130,6 +130,23 @@ def test_fused_plan_is_the_unfused_plan_and_onnxruntime(data, tmp_path, geometry
     assert exact == len(xs)
 
 
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+@pytest.mark.parametrize("geometry", ["k3s2", "k5s1"])
+def test_onnxruntime_qdq_model_fuses_too(data, tmp_path, geometry, activation):
+    """A model quantized by onnxruntime (QDQ) and compiled as it is: fused as PTQ's, the same numbers."""
+    src = export(tmp_path, geometry, "dynamo")
+    dst = M.ort_qdq(src, str(tmp_path / "ort.onnx"), data[:200], activation)
+    fused = microtrain.compile(dst, update="none", planner="naive")
+    plain = microtrain.compile(dst, update="none", planner="naive", int8_fuse=False)
+    assert "PWDW_Q8" in ops(fused) and "PWDW_Q8" not in ops(plain)
+    a, b = Core(fused.data), Core(plain.data)
+    for x in data[-N_SAMPLES:]:
+        assert np.array_equal(a.predict(x), b.predict(x))
+    worst, exact = compare(fused, dst, data[-N_SAMPLES:])
+    assert worst <= 1, worst
+    assert exact == N_SAMPLES
+
+
 @pytest.mark.parametrize("geometry", ["k3s1", "k3s2", "k5s2", "k3s1d2"])
 def test_wide_rows_are_bit_identical(tmp_path, geometry):
     """Rows wider than the kernels' 32-output chunks, three input channels, random inputs."""
