@@ -72,10 +72,7 @@ static int conv_q8_run(mt_ctx_t *ctx, const void *rec) {
             int32_t by = oy * sh - pt, ky0, ky1;
             mt_window_range(by, dh, KH, H, &ky0, &ky1);
             for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
-                const int32_t n = OW - x0 < MT_Q8_ROW ? OW - x0 : MT_Q8_ROW;
-                for (int32_t j = 0; j < n; j++) {
-                    acc[j] = init;
-                }
+                const int32_t n = mt_q8_chunk(acc, x0, OW, init);
                 for (uint32_t c = 0; c < g->Cg; c++) {
                     const int8_t *wc = wo + c * taps;
                     for (int32_t ky = ky0; ky < ky1; ky++) {

@@ -104,10 +104,7 @@ static void expand_row(mt_ctx_t *ctx, const pwdw_q8_rec_t *r, int32_t row, int32
         const int8_t *we = w1 + (size_t)e * r->C;
         const int32_t init = b1 != NULL ? b1[e] : 0;
         for (int32_t x0 = 0; x0 < W; x0 += MT_Q8_ROW) {
-            const int32_t n = W - x0 < MT_Q8_ROW ? W - x0 : MT_Q8_ROW;
-            for (int32_t j = 0; j < n; j++) {
-                acc[j] = init;
-            }
+            const int32_t n = mt_q8_chunk(acc, x0, W, init);
             for (uint32_t c = 0; c < r->C; c++) {
                 mt_q8_mac_row(acc, x + c * plane + x0, 1, we[c], r->x_zp, n);
             }
@@ -140,10 +137,7 @@ static int pwdw_q8_run(mt_ctx_t *ctx, const void *rec) {
             const int8_t *wo = w + o * taps;
             const int32_t init = b != NULL ? b[o] : 0;
             for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
-                const int32_t n = OW - x0 < MT_Q8_ROW ? OW - x0 : MT_Q8_ROW;
-                for (int32_t j = 0; j < n; j++) {
-                    acc[j] = init;
-                }
+                const int32_t n = mt_q8_chunk(acc, x0, OW, init);
                 for (int32_t ky = ky0; ky < ky1; ky++) {
                     const int32_t row = by + ky * g->dh;
                     mt_q8_mac_taps(acc, ring + (size_t)((uint32_t)row % r->R) * slot + (size_t)o * W, wo + ky * KW, g,

@@ -70,6 +70,15 @@ MT_INLINE int8_t mt_q8_out(int32_t v, int32_t zp, int32_t lo, int32_t hi) {
 
 #define MT_Q8_ROW 32   /* outputs summed at once: 128 bytes of stack */
 
+/* The chunk of a row of `width` outputs that starts at x0: its n (<= MT_Q8_ROW) sums set to init; n. */
+MT_INLINE int32_t mt_q8_chunk(int32_t *acc, int32_t x0, int32_t width, int32_t init) {
+    const int32_t n = width - x0 < MT_Q8_ROW ? width - x0 : MT_Q8_ROW;
+    for (int32_t j = 0; j < n; j++) {
+        acc[j] = init;
+    }
+    return n;
+}
+
 /* acc[j] += wv * (in[j*step] - zp), j < n */
 MT_INLINE void mt_q8_mac_row(int32_t *acc, const int8_t *in, int32_t step, int32_t wv, int32_t zp, int32_t n) {
     for (int32_t j = 0; j < n; j++) {
