@@ -336,17 +336,18 @@ def lower(graph, trainable, input_dtype="F32", scope="prefix", fuse=True):
         notes.append("the trainable part runs in float32: the int8 rounding of %d value%s after the first trainable "
                      "layer is left out (%s)" % (len(dropped), "" if len(dropped) == 1 else "s",
                                                  ", ".join(dropped[:4]) + (", ..." if len(dropped) > 4 else "")))
-    n_int8 = sum(1 for n in low.nodes if n.op.startswith("q") and n.op != "quantize")
-    notes.append("int8: %d op%s run in int8 (%s)" % (n_int8, "" if n_int8 == 1 else "s",
-                                                     graph.quant_source or "quantized"))
+    fused = 0
     if fuse:
         from .q8_fuse import fuse_pwdw
         n_before = len(low.nodes)
         low.nodes = fuse_pwdw(low.nodes, low.values, trainable, keep=(inp, out))
-        k = n_before - len(low.nodes)
-        if k:
-            notes.append("int8: %d 1x1 conv%s streamed into the depthwise conv after it (PWDW_Q8): the expanded "
-                         "tensor is never stored" % (k, "" if k == 1 else "s"))
+        fused = n_before - len(low.nodes)
+    n_int8 = sum(1 for n in low.nodes if n.op.startswith("q") and n.op != "quantize")
+    notes.append("int8: %d op%s run in int8 (%s)" % (n_int8, "" if n_int8 == 1 else "s",
+                                                     graph.quant_source or "quantized"))
+    if fused:
+        notes.append("int8: %d of them (PWDW_Q8) a 1x1 conv streamed into the depthwise conv after it: the "
+                     "expanded tensor is never stored" % fused)
     new = Graph(low.values, low.nodes, inp, out, notes, graph.dropped_output_op, dict(graph.origins),
                 graph.fingerprint)
     new.quant, new.wquant, new.quant_source = graph.quant, graph.wquant, graph.quant_source
