@@ -194,6 +194,13 @@ def seeds():
         "mobile_ops_mse_batch2": c(mobile_ops(seed=4), update="full", loss="mse", lr=0.05, batch=2),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
+        # channel-sparse: c1 and pw train on some input channels (GATHER_CH, SCATTER_CH), dw on some
+        # of its channels (ranged gradient ops)
+        "cnn_channel_sparse": c(cnn(seed=7, hw=6, n_out=3), lr=0.05, momentum=0.9, update={
+            "classifier": "full", "bias_updates": [{"initializer": "dw.bias"}],
+            "weight_updates": [{"initializer": "c1.weight", "channel_axis": 1, "selected_channels": [1]},
+                               {"initializer": "dw.weight", "channel_axis": 0, "selected_channels": [0, 2, 3]},
+                               {"initializer": "pw.weight", "channel_axis": 1, "selected_channels": [3, 0]}]}),
     }
     out.update(int8_seeds(c))
     return out

@@ -425,8 +425,9 @@ DATA["int8"] = data_int8
 
 def data_train_sparse():
     """A MIT-style sparse update (docs/sparse.md) of tests/test_sparse.py's CNN: int8 frozen
-    prefix, some input channels of two 1x1 convs (momentum per channel run), three biases, the
-    head, ReLU6 outputs saved as int8 for the backward (CLIP_BWD_Q8)."""
+    prefix, some input channels of two 1x1 convs (those channels a parameter of their own, read
+    through GATHER_CH; the input gradient back through SCATTER_CH), three biases, the head, ReLU6
+    outputs saved as int8 for the backward (CLIP_BWD_Q8)."""
     import tempfile
     import torch
     from oracle_models import export
@@ -439,7 +440,8 @@ def data_train_sparse():
         path = export(Block().eval(), torch.zeros(1, 3, 6, 6), "ts13", os.path.join(d, "block.onnx"))
         plan = microtrain.compile(path, update=scheme, lr=0.05, momentum=0.9, saved="int8", quantize="int8",
                                   calibration=rng.normal(size=(32, 3, 6, 6)).astype(np.float32) * 2)
-    assert {"CONV2D_Q8", "CLIP_BWD_Q8", "CONV2D_BWD_WEIGHT"} <= {o["op"] for o in plan.ops} and plan.meta["channels"]
+    assert {"CONV2D_Q8", "CLIP_BWD_Q8", "CONV2D_BWD_WEIGHT", "GATHER_CH", "SCATTER_CH"} <= {o["op"] for o in plan.ops} \
+        and plan.meta["split"]
     x = (rng.normal(size=(4, 3, 6, 6)) * 2).astype(np.float32)
     y = rng.integers(0, 4, 4)
     init = params_f32(microtrain.Simulator(plan))

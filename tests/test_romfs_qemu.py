@@ -180,3 +180,106 @@ def test_plan_from_romfs_is_read_in_place(qemu_ready, plans, tmp_path):
     assert params == host, "parameters differ from the host's"
     assert np.mean(losses[-N:]) < np.mean(losses[:N]), losses     # the steps did something
 
+
+
+# ---- MIT's MCUNet-5fps with its 49kb sparse scheme, constants on ROMFS (issue 10) ----------------
+# The int8 plan is 1.8 MB, far past any heap; its RAM (arena + trainable state + context) is
+# more than the 140 KB of the standard qemu build, so it runs on the same board's firmware built
+# with a 1 MB heap (`make firmware-natmod-tests`, build/firmware-natmod-tests/mps2_an500).
+BIG_HEAP_FIRMWARE = os.path.join(mptargets.NATMOD_FIRMWARE, "mps2_an500", "firmware.elf")
+MCUNET_ROM_BYTES = 4 * 1024 * 1024
+MCUNET_ROM_OFFSET = PSRAM_BYTES - MCUNET_ROM_BYTES
+MCUNET_STEPS = 2
+
+MCUNET_DEVICE = r"""
+import gc, uctypes, vfs, microtrain
+from array import array
+vfs.mount(vfs.VfsRom(uctypes.bytearray_at(%(addr)d, %(size)d)), "/rom")
+f = open("/rom/mcunet.mtp", "rb")
+gc.collect()
+before = gc.mem_alloc()
+t = microtrain.Trainer(f)
+gc.collect()
+i = t.info()
+print("MEM", gc.mem_alloc() - before, i["ram_bytes"], i["const_bytes"], gc.mem_alloc() + gc.mem_free())
+xq = %(xq)r
+ys = %(ys)r
+n_in = t.input_len
+losses = array("f", [0.0] * %(steps)d)
+for s in range(%(steps)d):
+    losses[s] = t.step(memoryview(xq)[s * n_in:(s + 1) * n_in], ys[s])
+print("LOSSES", bytes(losses).hex())
+for name, v in sorted(t.params().items()):
+    print("PARAM", name, bytes(v).hex())
+"""
+
+
+def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path):
+    """MCUNet-5fps, frozen part int8, MIT's 49kb scheme (channel-sparse 1x1 convs, 20 biases, the
+    head), int8 ReLU6 masks: two training steps on qemu MPS2_AN500 with the plan opened from a
+    VfsRom, with the host simulator's losses and parameters within 1e-5."""
+    sys.path.insert(0, os.path.join(mptargets.ROOT, "benchmarks"))
+    try:
+        from bench_models import tte_dir
+        from calibration import samples
+    finally:
+        sys.path.pop(0)
+    tte = tte_dir()
+    if tte is None:
+        pytest.skip("../shared/models/tte is not here")
+    if not os.path.isfile(BIG_HEAP_FIRMWARE):
+        pytest.skip("no firmware %s; run `make firmware-natmod-tests`" % BIG_HEAP_FIRMWARE)
+    images = samples(32 + MCUNET_STEPS, 128)
+    plan = microtrain.compile(os.path.join(tte, "mcunet-5fps.onnx"), update=os.path.join(tte, "mcunet-5fps.schemes.json"),
+                              scheme="49kb", lr=0.01, saved="int8", quantize="int8", calibration=images[:32],
+                              input_dtype="uint8", input_quant=(1 / 127.5, 128))
+    assert plan.meta["split"], "the scheme's 1x1 convs train on some input channels"
+    image = romfs.build({"mcunet.mtp": plan.data})
+    assert len(image) <= MCUNET_ROM_BYTES
+    sim = microtrain.Simulator(plan)
+    xq = sim.quantize_input(images[32:])
+    ys = [3, 7][:MCUNET_STEPS]
+    losses = np.array([sim.step(xq[s], ys[s]) for s in range(MCUNET_STEPS)], np.float32)
+    code = MCUNET_DEVICE % dict(addr=0x60000000 + MCUNET_ROM_OFFSET, size=MCUNET_ROM_BYTES, xq=xq.tobytes(),
+                                ys=ys, steps=MCUNET_STEPS)
+    flash = tmp_path / "psram.img"
+    with open(flash, "wb") as f:
+        f.truncate(PSRAM_BYTES)
+        f.seek(MCUNET_ROM_OFFSET)
+        f.write(image)
+    sys.path.insert(0, os.path.join(mptargets.MICROPY_DIR, "tools"))
+    try:
+        import pyboard
+    finally:
+        sys.path.pop(0)
+    with QemuBoard(BIG_HEAP_FIRMWARE, flash=str(flash), workdir=str(tmp_path)) as board:
+        pyb = pyboard.Pyboard(board.port)
+        try:
+            pyb.enter_raw_repl()
+            out, err = pyb.exec_raw(code, timeout=900)
+        finally:
+            pyb.close()
+    out, err = out.decode(), err.decode()
+    assert not err, err
+    lines = {}
+    for line in out.splitlines():
+        key, _, rest = line.partition(" ")
+        lines.setdefault(key, []).append(rest)
+    grew, ram, const, heap = (int(v) for v in lines["MEM"][0].split())
+    r = plan.report()
+    print("MCUNet-5fps 49kb from ROMFS on MPS2_AN500 (heap %d): plan %d bytes, const_bytes %d; Trainer(f) grew the "
+          "heap by %d bytes, ram_bytes %d (arena %d, state %d, context %d)"
+          % (heap, len(plan.data), const, grew, ram, r["arena_bytes"], r["param_bytes"], r["context_bytes"]))
+    assert (ram, const) == (r["ram_bytes"], r["const_bytes"])
+    # the Trainer's RAM block, the object and the open file's buffers: nothing of the 1.7 MB of constants
+    assert ram <= grew <= ram + 2 * SLACK
+    got = np.frombuffer(bytes.fromhex(lines["LOSSES"][0]), np.float32)
+    assert np.allclose(got, losses, rtol=1e-5, atol=0), (got, losses)
+    params = {name: np.frombuffer(bytes.fromhex(h), np.float32) for name, h in (p.split() for p in lines["PARAM"])}
+    host = sim.params()
+    assert set(params) == set(host)
+    for k, v in host.items():
+        v = v.reshape(-1)
+        assert np.abs(params[k] - v).max() <= 1e-5 * max(1.0, np.abs(v).max()), k
+    print("bit-identical to the host simulator: %s" % (got.tobytes() == losses.tobytes() and all(
+        params[k].tobytes() == np.ascontiguousarray(v, "<f4").tobytes() for k, v in host.items())))

@@ -133,8 +133,7 @@ def models(tmp_path_factory):
 
 def onnx_names(plan):
     """torch name -> ONNX initializer name, pairing the plan's layers with the module's in order."""
-    names = [t["name"] for t in plan.tensors]
-    layers = [(names[o["slots"][1]], names[o["slots"][2]]) for o in plan.ops if o["op"] in ("CONV2D", "GEMM")]
+    layers = [(la["weight"], la["bias"]) for la in plan.meta["layers"]]
     out = {}
     for (w, b), t in zip(layers, ("first", "pw1", "dw", "pw2", "fc")):
         out[t + ".weight"], out[t + ".bias"] = w, b
@@ -153,14 +152,17 @@ def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weigh
     frozen_plan = microtrain.compile(paths[exporter], update="none")
     names = onnx_names(frozen_plan)
     sim = microtrain.Simulator(plan)
-    initial = {n: np.array(sim.tensor(names[n])) if names[n] in sim.params() else None for n in names}
+    initial = plan.onnx_params(sim.params())
     xs, ys = data()
     for x, y in zip(xs, ys):
         sim.step(x, y)
     masks = torch_masks(module)
     expected = torch_train(module, masks, xs, ys, lr, momentum, weight_decay, batch, clip)
-    params = sim.params()
+    params = plan.onnx_params(sim.params())
     assert set(params) == {names[n] for n in names if masks[n].any()}
+    # the 1x1 convs train on input channels: only those are a parameter (split.py)
+    assert set(plan.meta["split"]) == {names["pw1.weight"], names["pw2.weight"]}
+    assert sim.params()[names["pw1.weight"] + "@trained"].shape == (12, 4, 1, 1)
     for n, m in masks.items():
         if not m.any():
             continue
@@ -169,6 +171,29 @@ def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weigh
         assert np.abs(got[mask] - want[mask]).max() <= RTOL * scale, "%s trained channels differ" % n
         assert np.array_equal(got[~mask], initial[n][~mask]), "%s frozen channels changed" % n
         assert not np.array_equal(got[mask], initial[n][mask]), "%s did not train" % n
+
+
+@pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
+def test_gradient_through_a_split_weight(models, exporter):
+    """The first conv's bias trains below pw1, whose input channels 0, 2, 3, 7 are its own
+    parameter (split.py): the bias gradient comes back through both parts of pw1, the frozen
+    convolution's input gradient plus the trained slice's through SCATTER_CH."""
+    module, paths = models[False]
+    scheme = dict(SCHEME, bias_updates=[{"conv_index": 0}] + SCHEME["bias_updates"])
+    plan = microtrain.compile(paths[exporter], update=scheme, lr=0.05, momentum=0.9)
+    assert "SCATTER_CH" in {o["op"] for o in plan.ops}
+    names = onnx_names(plan)
+    sim = microtrain.Simulator(plan)
+    xs, ys = data()
+    for x, y in zip(xs, ys):
+        sim.step(x, y)
+    whole = ("fc.weight", "fc.bias", "dw.bias", "pw2.bias", "first.bias")
+    masks = torch_masks(module, scheme, whole)
+    expected = torch_train(module, masks, xs, ys, 0.05, 0.9, 0.0, 1)
+    got = plan.onnx_params(sim.params())
+    for n in whole + ("pw1.weight", "pw2.weight"):
+        m = masks[n].numpy().astype(bool)
+        assert np.abs(got[names[n]][m] - expected[n][m]).max() <= RTOL * np.abs(expected[n][m]).max(), n
 
 
 @pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
@@ -185,7 +210,7 @@ def test_channel_sparse_head(models, exporter, matmul, axis, sel):
                                  SCHEME["weight_updates"][0]]}
     plan = microtrain.compile(paths[exporter], update=scheme, lr=0.05, momentum=0.9)
     sim = microtrain.Simulator(plan)
-    initial = {n: np.array(sim.params()[names[n]]) for n in ("fc.weight", "pw1.weight")}
+    initial = {n: np.array(plan.onnx_params(sim.params())[names[n]]) for n in ("fc.weight", "pw1.weight")}
     xs, ys = data()
     for x, y in zip(xs, ys):
         sim.step(x, y)
@@ -193,7 +218,7 @@ def test_channel_sparse_head(models, exporter, matmul, axis, sel):
                         ("fc.weight",) if matmul else ())
     expected = torch_train(module, masks, xs, ys, 0.05, 0.9, 0.0, 1)
     for n in ("fc.weight", "pw1.weight", "fc.bias"):
-        got, want, mask = sim.params()[names[n]], expected[n], masks[n].numpy().astype(bool)
+        got, want, mask = plan.onnx_params(sim.params())[names[n]], expected[n], masks[n].numpy().astype(bool)
         if got.shape != want.shape:   # a MatMul head stores the weight [in, out]
             got = got.T
             if n in initial:
@@ -241,7 +266,7 @@ def test_saved_int8_relu6(models, exporter):
         sim = microtrain.Simulator(plan)
         for x, y in zip(xs, ys):
             sim.step(x, y)
-        got[s] = sim.params()
+        got[s] = plan.onnx_params(sim.params())
     whole = ("fc.weight", "fc.bias", "pw1.bias", "dw.bias", "pw2.bias")
     masks = torch_masks(module, scheme, whole)
     qmodule = copy.deepcopy(module)
@@ -265,7 +290,7 @@ def test_state_only_for_trained_channels(models):
     mom = {}
     for t in plan.tensors:
         if t["name"].startswith("mom("):
-            w = t["name"][4:t["name"].index(")")]
+            w = t["name"][4:t["name"].index(")")].replace("@trained", "")
             mom[w] = mom.get(w, 0) + int(np.prod(t["shape"]))
     assert mom[names["pw1.weight"]] == 12 * 4          # 4 of 8 input channels
     assert mom[names["dw.weight"]] == 5 * 9            # 5 of 12 depthwise channels
@@ -311,11 +336,12 @@ def test_optimizer_meta_lists_every_momentum_part(models):
     _, paths = models[False]
     plan = microtrain.compile(paths["ts13"], update=SCHEME, momentum=0.9)
     names = onnx_names(microtrain.compile(paths["ts13"], update="none"))
-    parts = plan.meta["optimizer"][names["pw1.weight"]]["momentum"]
-    # channels 0, 2, 3, 7: runs [0:1], [2:4], [7:8]
-    assert [plan.tensors[i]["name"] for i in parts] == ["mom(%s)[%s]" % (names["pw1.weight"], r)
-                                                        for r in ("0:1", "2:4", "7:8")]
+    parts = plan.meta["optimizer"][names["dw.weight"]]["momentum"]
+    # the depthwise conv's channels 1, 2, 3, 9, 10: runs [1:4], [9:11]
+    assert [plan.tensors[i]["name"] for i in parts] == ["mom(%s)[%s]" % (names["dw.weight"], r)
+                                                        for r in ("1:4", "9:11")]
     assert isinstance(plan.meta["optimizer"][names["fc.weight"]]["momentum"], int)
+    assert isinstance(plan.meta["optimizer"][names["pw1.weight"] + "@trained"]["momentum"], int)
 
 
 def test_report_names_the_arena_peak_and_channels(models, tmp_path):

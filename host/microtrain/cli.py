@@ -145,10 +145,12 @@ def _report(args):
         print("arena peak      %s live at op %d %s (%s): %s" % (
             _kb(a["live_bytes"]), a["op"], a["op_name"], a["phase"].lower(),
             ", ".join("%s %s" % (n, _kb(b)) for n, b, _, _, _ in a["tensors"])))
+        split = plan.meta.get("split", {})
         for name, c in sorted(plan.meta.get("channels", {}).items()):
-            print("channels        %s: %d %s channels of %d" % (
+            print("channels        %s: %d %s channels of %d%s" % (
                 name, len(c["channels"]), "input" if c["axis"] == 1 else "output",
-                plan.meta["param_shapes"][name][c["axis"]]))
+                plan.meta["params"][name]["shape"][c["axis"]],
+                ", their own parameter %s (the rest constant)" % split[name]["slice"] if name in split else ""))
         if args.svg:
             print("\narena picture written to %s" % args.svg)
         for line in fit:

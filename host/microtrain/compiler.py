@@ -8,6 +8,7 @@ from . import format as F
 from .onnx_import import import_onnx
 from .memory import assign_memory
 from .plan import Plan, write_plan
+from .split import split_partial_weights
 from .training import build_training, check_gradient_paths, macs_total
 from .update import resolve_update
 
@@ -166,7 +167,15 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
     # every tensor can be read after a step (debugging, tests)
-    channels = channels or {}
+    selected = dict(channels or {})
+    values = graph.values
+    layers = [dict(node=n.onnx_name, op=n.op, weight=n.weight(), bias=n.bias(),
+                   weight_init=graph.origins[n.weight()]["init"], w_layout=n.attrs.get("w_layout"), **n.parts)
+              for n in graph.layers()]
+    origins = {p: o for p, o in graph.origins.items() if p in values}
+    # only the trained input channels of a weight in RAM (split.py); the rest keep ranged gradients
+    trainable, channels, splits = split_partial_weights(graph, trainable, selected)
+    origins.update((s["slice"], graph.origins[s["slice"]]) for s in splits.values())
     tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive",
                                   clip_grad=clip_grad, channels=channels, saved=saved)
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
@@ -178,14 +187,14 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     arena, state, naive, peak, blobs, data_size, quants = assign_memory(tensors, ops, (inp, tgt), planner, guard)
     if trainable:
         check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train
-    values = graph.values
-    origins = {p: o for p, o in graph.origins.items() if p in values}
     meta = {
         "microtrain": __version__,
         "update": update_meta if isinstance(update_meta, str) else update if isinstance(update, str)
         else update if isinstance(update, dict) else sorted(update),
         # weights that train on some channels only: axis (0 output, 1 input channels) and channels
-        "channels": {p: {"axis": a, "channels": list(c)} for p, (a, c) in sorted(channels.items())},
+        "channels": {p: {"axis": a, "channels": list(c)} for p, (a, c) in sorted(selected.items())},
+        # of those, the weights whose trained channels are a parameter of their own (split.py)
+        "split": splits,
         "input": {"name": graph.input, "shape": [1] + list(values[graph.input].onnx_shape[1:])},
         "output": {"name": graph.output, "shape": [1] + list(values[graph.output].onnx_shape[1:])},
         "param_shapes": {t.name: list(t.onnx_shape) for t in tensors if t.flags & F.TFLAGS["PARAM"]},
@@ -193,9 +202,7 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         # for export and params(): where each layer parameter comes from in the ONNX model
         "model": graph.fingerprint,
         "params": {p: dict(origins[p], shape=list(values[p].onnx_shape)) for p in origins},
-        "layers": [dict(node=n.onnx_name, op=n.op, weight=n.weight(), bias=n.bias(),
-                        weight_init=graph.origins[n.weight()]["init"], w_layout=n.attrs.get("w_layout"), **n.parts)
-                   for n in graph.layers()],
+        "layers": layers,
         # each trainable parameter's optimizer state: tensor indices of its momentum and accumulator
         "optimizer": optimizer_state(tensors, ops),
         "planner": planner,

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .split import merge
+
 
 def fingerprint(model):
     """What ties a plan to the model it came from: the nodes and the initializers' names and
@@ -130,7 +132,7 @@ def export_trained(plan, params, onnx_in, onnx_out=None):
         raise ValueError("the ONNX model %s is not the one the plan was compiled from (its nodes or initializer "
                          "shapes differ); pass the model given to microtrain compile"
                          % (onnx_in if isinstance(onnx_in, str) else "given"))
-    values = _checked_params(plan, params)
+    values = merge(plan, _checked_params(plan, params))   # trained channel slices back into their weights
     trainable = set(values)
     info = meta["params"]
     w = _Writer(model)

@@ -255,6 +255,11 @@ OPS = (
     # the gradient of each input is a SLICE of dy, elements [begin, begin + n)
     OpSpec("CONCAT", 47, _s("a b c? d? y:out"), ()),
     OpSpec("SLICE", 48, _s("x y:out"), ("begin",)),
+    # a weight trained on some input channels: the trained convolution reads the GATHER_CH of
+    # those channels (idx: their numbers, constant int32); its input gradient goes back through
+    # SCATTER_CH (zeros in the other channels). docs/sparse.md
+    OpSpec("GATHER_CH", 56, _s("x idx:I32 y:out"), ()),
+    OpSpec("SCATTER_CH", 57, _s("dy idx:I32 dx:out"), ()),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them

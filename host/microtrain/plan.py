@@ -182,6 +182,13 @@ class Plan:
         """Names of the trainable parameters, in plan order."""
         return [t["name"] for t in self.tensors if t["flags"] & F.TFLAGS["PARAM"]]
 
+    def onnx_params(self, params):
+        """params ({name: array}, as Simulator.params() or a board returns them) in the ONNX model's
+        names and shapes: a weight that trains on some input channels is a parameter of its own
+        for those channels (`W@trained`, docs/sparse.md), put back here into the whole weight."""
+        from .split import merge
+        return merge(self, params)
+
     def report(self):
         hd = self.header
         inputs = [hd["input_tensor"], hd["target_tensor"]]

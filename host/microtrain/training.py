@@ -511,6 +511,21 @@ class Concat:
             begin += b.tensors[t].nbytes // 4
 
 
+@rule("gather")
+class Gather:
+    """y = the channels idx of x (split.py); x's gradient is dy in those channels, 0 elsewhere."""
+
+    def forward(self, b, n, ins, y):
+        return b.op("GATHER_CH", "FORWARD", [ins[0], ins[1], y], [], n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        x = n.inputs[0]
+        if b.wants(x):
+            dx = b.grad_tensor(x, ins[0])
+            b.op("SCATTER_CH", "TRAIN", [dy, ins[1], dx], [], n.onnx_name)
+            b.contribute(x, dx)
+
+
 class Q8Rule:
     """The int8 ops of a lowered frozen part (q8_rules.py): forward, and the float gradient
     through them where a trainable layer lies upstream."""

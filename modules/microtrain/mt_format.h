@@ -589,7 +589,19 @@
 #define MT_SLICE_X 0
 #define MT_SLICE_Y 1
 #define MT_SLICE_A_BEGIN 0
-#define MT_OP_MAX 48
+#define MT_OP_GATHER_CH 56
+#define MT_GATHER_CH_NSLOTS 3
+#define MT_GATHER_CH_NATTRS 0
+#define MT_GATHER_CH_X 0
+#define MT_GATHER_CH_IDX 1
+#define MT_GATHER_CH_Y 2
+#define MT_OP_SCATTER_CH 57
+#define MT_SCATTER_CH_NSLOTS 3
+#define MT_SCATTER_CH_NATTRS 0
+#define MT_SCATTER_CH_DY 0
+#define MT_SCATTER_CH_IDX 1
+#define MT_SCATTER_CH_DX 2
+#define MT_OP_MAX 57
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -633,7 +645,9 @@
     X(MUL_BWD_CHANNEL) \
     X(AFFINE) \
     X(CONCAT) \
-    X(SLICE)
+    X(SLICE) \
+    X(GATHER_CH) \
+    X(SCATTER_CH)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -712,6 +726,15 @@
     {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* AFFINE */ \
     {5, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONCAT */ \
     {2, 1, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SLICE */ \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GATHER_CH */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SCATTER_CH */ \
 }
 
 /* error codes */

@@ -109,6 +109,50 @@ static int32_t window_count(const pool_geom_t *g, const window_t *w) {
  * each gets its own loop with no test of kind inside. */
 enum { KIND_MAX, KIND_MAX_BWD, KIND_AVG, KIND_AVG_BWD };
 
+/* 2x2 max pooling with no padding or dilation whose every window lies inside the input (the
+ * common MaxPool(2)): no clipping, and the first maximum in the same scan order as
+ * window_argmax (rows, then columns; strictly greater replaces), so both give the same index. */
+static int pool_is_plain_2x2(const pool_geom_t *g) {
+    return g->kh == 2 && g->kw == 2 && g->dh == 1 && g->dw == 1 && g->pt == 0 && g->pl == 0
+           && ((int32_t)g->OH - 1) * g->sh + 2 <= (int32_t)g->H && ((int32_t)g->OW - 1) * g->sw + 2 <= (int32_t)g->W;
+}
+
+MT_INLINE int32_t argmax_2x2(const float *p, int32_t W) {
+    int32_t best = 0;
+    float m = p[0];
+    if (p[1] > m) {
+        best = 1;
+        m = p[1];
+    }
+    if (p[W] > m) {
+        best = W;
+        m = p[W];
+    }
+    return p[W + 1] > m ? W + 1 : best;
+}
+
+/* MAXPOOL (kind KIND_MAX: in = x, out = y) or MAXPOOL_BWD (in = dy, out = dx, already zero) */
+MT_INLINE void maxpool_2x2(const int kind, const pool_geom_t *g, const float *in, float *out, const float *x) {
+    const int32_t W = (int32_t)g->W, rows = g->sh * W;
+    const size_t plane = (size_t)g->H * W;
+    for (uint32_t c = 0; c < g->C; c++) {
+        const float *xc = (kind == KIND_MAX ? in : x) + c * plane;
+        float *dxc = out + c * plane;
+        for (uint32_t oy = 0; oy < g->OH; oy++) {
+            const float *row = xc + (size_t)oy * rows;
+            for (uint32_t ox = 0; ox < g->OW; ox++) {
+                const float *p = row + ox * g->sw;
+                int32_t i = argmax_2x2(p, W);
+                if (kind == KIND_MAX) {
+                    *out++ = p[i];
+                } else {
+                    dxc[(p - xc) + i] += *in++;
+                }
+            }
+        }
+    }
+}
+
 MT_INLINE void pool_walk(const int kind, mt_ctx_t *ctx, const pool_rec_t *r) {
     const pool_geom_t *g = &r->g;
     const float *in = MT_F32(ctx, r->in);
@@ -117,6 +161,10 @@ MT_INLINE void pool_walk(const int kind, mt_ctx_t *ctx, const pool_rec_t *r) {
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW;
     if (kind == KIND_MAX_BWD || kind == KIND_AVG_BWD) {
         memset(out, 0, (size_t)g->C * plane * sizeof(float));
+    }
+    if ((kind == KIND_MAX || kind == KIND_MAX_BWD) && pool_is_plain_2x2(g)) {
+        maxpool_2x2(kind, g, in, out, x);
+        return;
     }
     for (uint32_t c = 0; c < g->C; c++) {
         for (int32_t oy = 0; oy < (int32_t)g->OH; oy++) {

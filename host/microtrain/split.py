@@ -1,0 +1,98 @@
+"""Weights that train on some input channels, split so that only the trained slice is in RAM.
+
+A convolution y = conv(x, W) + b whose weight trains on input channels S only (MIT's
+pointwise1 schemes, schemes.py) is rewritten, before the training plan is built, as
+
+    y = conv(x, W_frozen) + b  +  conv(gather(x, S), W[:, S])
+
+W_frozen ("W@frozen") is W with the channels S zeroed, a constant (flash on a board); W[:, S]
+is a new trainable parameter ("W@trained"), in RAM with its optimizer state; gather copies the channels S of x (whose copy is then what the weight gradient reads,
+instead of all of x). The input gradient is the sum of both convolutions' (the frozen one
+sees zeros where the slice trains), so the arithmetic is that of the original layer with the
+frozen channels held. Export and Plan.onnx_params() put the slice back into the full weight.
+
+Weights shared by several layers, grouped convolutions and output-channel selections keep
+the whole weight in RAM with ranged gradient ops (training.py, Layer.runs).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import Node, Value
+
+
+def slice_name(weight):
+    """The parameter that holds the trained input channels of `weight`."""
+    return weight + "@trained"
+
+
+def frozen_name(weight):
+    return weight + "@frozen"
+
+
+def can_split(graph, node, axis):
+    w = node.weight()
+    return (node.op == "conv" and axis == 1 and node.attrs.get("groups", 1) == 1
+            and sum(1 for n in graph.nodes if w in n.inputs) == 1 and graph.values[w].is_const)
+
+
+def split_partial_weights(graph, trainable, channels):
+    """(trainable, channels left for ranged gradients, {weight: split record}); graph changed in
+    place. A split record: {"slice": parameter name, "frozen": constant name, "axis": 1,
+    "channels": [...], "shape": the weight's ONNX shape}."""
+    trainable, channels, splits = set(trainable), dict(channels), {}
+    nodes = []
+    for n in graph.nodes:
+        w = n.weight()
+        if w not in channels or w not in trainable or not can_split(graph, n, channels[w][0]):
+            nodes.append(n)
+            continue
+        axis, chans = channels.pop(w)
+        chans = [int(c) for c in chans]
+        nodes.extend(_split(graph, n, chans))
+        trainable.discard(w)
+        trainable.add(slice_name(w))
+        splits[w] = {"slice": slice_name(w), "frozen": frozen_name(w), "axis": axis, "channels": chans,
+                     "shape": list(graph.values[w].onnx_shape)}
+    graph.nodes = nodes
+    return trainable, channels, splits
+
+
+def _split(graph, n, chans):
+    x, w, bias = n.inputs[0], n.weight(), n.bias()
+    V = graph.values
+    wv, xv, yv = V[w], V[x], V[n.output]
+    K = len(chans)
+    frozen = wv.data.copy()
+    frozen[:, chans] = 0.0
+    part = np.ascontiguousarray(wv.data[:, chans])
+    idx = n.output + "@channels"
+    xs = n.output + "@gathered"
+    y0, y1 = n.output + "@frozen_part", n.output + "@trained_part"
+    V[frozen_name(w)] = Value(frozen_name(w), wv.shape, wv.onnx_shape, data=frozen)
+    V[slice_name(w)] = Value(slice_name(w), part.shape, (wv.onnx_shape[0], K) + tuple(wv.onnx_shape[2:]), data=part)
+    V[idx] = Value(idx, (K,), (K,), data=np.asarray(chans, np.int32), dtype="I32")
+    V[xs] = Value(xs, (1, K) + tuple(xv.shape[2:]), (xv.onnx_shape[0], K) + tuple(xv.onnx_shape[2:]))
+    for y in (y0, y1):
+        V[y] = Value(y, yv.shape, yv.onnx_shape)
+    origin = graph.origins.get(w, {"init": w, "folds": []})
+    graph.origins[frozen_name(w)] = dict(origin)
+    graph.origins[slice_name(w)] = dict(origin, channels=chans)
+    return [Node("conv", [x, frozen_name(w), bias], y0, dict(n.attrs), n.onnx_name, dict(n.parts)),
+            Node("gather", [x, idx], xs, {}, n.onnx_name),
+            Node("conv", [xs, slice_name(w), None], y1, dict(n.attrs), n.onnx_name),
+            Node("add", [y0, y1], n.output, {}, n.onnx_name)]
+
+
+def merge(plan, params):
+    """params ({name: array} as Simulator.params() gives them) with each trained slice put back
+    into its full weight, under the weight's ONNX name and shape."""
+    out = dict(params)
+    for w, s in plan.meta.get("split", {}).items():
+        if s["slice"] not in out:
+            continue
+        full = plan.constant(s["frozen"]).reshape(s["shape"]).copy()
+        part = np.asarray(out.pop(s["slice"]), np.float32)
+        full[:, s["channels"]] = part.reshape(full[:, s["channels"]].shape)
+        out[w] = full
+    return out
