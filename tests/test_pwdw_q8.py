@@ -232,6 +232,24 @@ def test_no_fusion_where_a_gradient_passes(tmp_path, data):
     assert "PWDW_Q8" in ops(plan)
 
 
+class TwoReaders(M.Block):
+    """The expanded tensor also feeds a residual add after the depthwise conv."""
+
+    def forward(self, x):
+        e = self.pw1(self.stem(x))
+        h = self.pw2(self.dw(e) + e)
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(h, 1), 1))
+
+
+@pytest.mark.parametrize("case", ["two readers", "ring as tall as the tensor"])
+def test_not_fused(tmp_path, data, case):
+    torch.manual_seed(0)
+    model = TwoReaders(3, 1, 1) if case == "two readers" else M.Block(9, 1, 4)   # 9 rows of an 8-row tensor
+    src = M.export(model.eval(), str(tmp_path / "m.onnx"), "ts")
+    plan = microtrain.compile(src, update="none", quantize="int8", calibration=data[:50])
+    assert "PWDW_Q8" not in ops(plan) and ops(plan).count("CONV2D_Q8") == 4, ops(plan)
+
+
 @pytest.mark.parametrize("geometry", ["k3s2", "k5s1"])
 @pytest.mark.parametrize("update", ["last-layer", "last:2"])
 def test_training_on_a_fused_prefix_gives_the_same_parameters(tmp_path, geometry, update):
