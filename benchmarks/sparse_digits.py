@@ -14,7 +14,7 @@ scheme's peak RAM, and full float fine-tuning in PyTorch (the same per-sample SG
 three learning rates, which favours the reference), each with its test accuracy and peak RAM
 (the float full-update plan's for PyTorch) and its share of the full fine-tuning's gain.
 
-    python benchmarks/sparse_digits.py [--epochs 4] [--json FILE]
+    python benchmarks/sparse_digits.py [--epochs 4] [--saved int8|bits|float32] [--json FILE]
 """
 import argparse
 import json
@@ -81,6 +81,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=4, help="adaptation epochs")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--saved", choices=microtrain.compiler.SAVED, default="int8",
+                    help="how the ReLU6 outputs the backward reads are kept (compile(saved=...)); bench/sparse_digits"
+                    ".json and docs/sparse.md were measured with int8")
     args = ap.parse_args()
     from sklearn.datasets import load_digits
     d = load_digits()
@@ -97,7 +100,7 @@ def main():
     net.eval()
     print("pretrained: source-domain accuracy %.3f (held-out source images), shifted test %.3f"
           % (torch_acc(net, (x[1600:]), y[1600:]), torch_acc(net, test_x, test_y)), flush=True)
-    q = dict(quantize="int8", calibration=src_x[:200], saved="int8", lr=LR, momentum=MOMENTUM)
+    q = dict(quantize="int8", calibration=src_x[:200], saved=args.saved, lr=LR, momentum=MOMENTUM)
     sparse = {"scheme": "digits-sparse", "classifier": "full",
               "bias_updates": [{"conv_index": k} for k in range(1, 7)],
               "weight_updates": [{"conv_index": 1, "ratio": 0.25, "select": "magnitude+"},

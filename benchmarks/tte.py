@@ -3,15 +3,16 @@
 For each model in shared/models/tte (MCUNet-5fps, MobileNetV2-w0.35) and every scheme in its
 .schemes.json: the plan compiled with that scheme (channel-sparse weights, biases, the head),
 its frozen prefix int8 (post-training min/max calibration on benchmarks/calibration.py's crops
-of scikit-learn's photos), uint8 pixel input, batch 1, plain SGD. Printed per scheme: the arena,
+of scikit-learn's photos), uint8 pixel input, batch 1, plain SGD, the ReLU/ReLU6 outputs the
+backward reads only for their mask kept as 1-bit masks (--saved bits). Printed per scheme: the arena,
 the trainable state (parameters and optimizer state), the runtime context, peak RAM (their sum:
 what Trainer() allocates on the board), MIT's analytic estimate and MIT's measured peak for the
 model (NeurIPS 2022 Fig. 10, STM32F746, sparse update + operator reordering), the op at the
 arena's peak and the largest tensors alive there. With --momentum 0.9 the state column shows
 the momentum of channel-sparse weights held for their trained channels only.
 
-    python benchmarks/tte.py [--calibration 32] [--momentum 0] [--json bench/tte.json] [--schemes 49kb,full]
-                             [--no-int8-fuse]
+    python benchmarks/tte.py [--calibration 32] [--momentum 0] [--saved bits] [--json bench/tte.json]
+                             [--schemes 49kb,full] [--no-int8-fuse]
 """
 import argparse
 import json
@@ -34,7 +35,7 @@ def kb(n):
     return n / 1024
 
 
-def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="int8", int8_fuse=True):
+def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8_fuse=True):
     """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
     quantize: its plan is float32 with float input."""
     q = {} if scheme == "full" else dict(quantize="int8", calibration=calib, input_dtype="uint8",
@@ -58,8 +59,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calibration", type=int, default=32, help="calibration images")
     ap.add_argument("--momentum", type=float, default=0.0)
-    ap.add_argument("--saved", choices=["float32", "int8"], default="int8",
-                    help="how ReLU6 outputs are kept for the backward (compile(saved=...))")
+    ap.add_argument("--saved", choices=microtrain.compiler.SAVED, default="bits",
+                    help="how ReLU/ReLU6 outputs are kept for the backward (compile(saved=...)): bits, their 1-bit "
+                    "masks; int8, int8 copies; float32, the outputs themselves")
     ap.add_argument("--no-int8-fuse", dest="int8_fuse", action="store_false",
                     help="keep each int8 1x1 conv and its depthwise conv two ops (compile(int8_fuse=False))")
     ap.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")

@@ -109,6 +109,24 @@ def mobile_ops(seed=3):
                   opset=14)   # HardSwish
 
 
+def mbconv(seed=9):
+    """x -> 1x1 expansion -> ReLU6 -> depthwise 3x3 -> ReLU6 -> 1x1 projection -> GAP -> Gemm: with
+    frozen weights and int8 saved ReLU6 outputs, the depthwise conv runs in place."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    inits = {"pw1.w": w(6, 2, 1, 1), "pw1.b": w(6), "dw.w": w(6, 1, 3, 3), "dw.b": w(6), "pw2.w": w(3, 6, 1, 1),
+             "pw2.b": w(3), "fc.w": w(3, 3), "fc.b": w(3), "lo": 0.0, "hi": 6.0}
+    nodes = [helper.make_node("Conv", ["x", "pw1.w", "pw1.b"], ["a"]),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["a6"]),
+             helper.make_node("Conv", ["a6", "dw.w", "dw.b"], ["b"], pads=[1, 1, 1, 1], group=6),
+             helper.make_node("Clip", ["b", "lo", "hi"], ["b6"]),
+             helper.make_node("Conv", ["b6", "pw2.w", "pw2.b"], ["c"]),
+             helper.make_node("GlobalAveragePool", ["c"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["y"], transB=1)]
+    return _model(nodes, inits, [1, 2, 6, 6], [1, 3], "mbconv")
+
+
 def int8_net(seed=7):
     """conv-relu, depthwise conv-relu6 with a residual add, 3x3 max pooling, 2x2 average pooling,
     global average pooling, Gemm-relu-Gemm: every int8 op and, trained through, their backward."""
@@ -148,6 +166,24 @@ def int8_block(seed=9):
     return _model(nodes, {"pw1.weight": w(6, 2, 1, 1), "pw1.bias": w(6), "dw.weight": w(6, 1, 3, 3), "dw.bias": w(6),
                           "pw2.weight": w(3, 6, 1, 1), "pw2.bias": w(3), "lo": np.float32(0), "hi": np.float32(6),
                           "fc.weight": w(2, 3), "fc.bias": w(2)}, [1, 2, 5, 7], [1, 2], "int8_block")
+
+
+def masked(seed=9):
+    """conv (trains) -> Relu -> 1x1 conv (frozen) -> Clip(0, 6) -> 3x3 conv (frozen): with saved="bits" each
+    activation's backward reads a 1-bit mask (MASK_PACK, MASK_BWD); 5 channels of 3x3, 45 bits, so the
+    last mask byte is partly used."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.5, s)   # noqa: E731
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "c.weight", "c.bias"], ["a"], pads=[1, 1, 1, 1], name="c"),
+             n("Relu", ["a"], ["r"], name="relu"),
+             n("Conv", ["r", "p.weight", "p.bias"], ["b"], name="p"),
+             n("Clip", ["b", "lo", "hi"], ["b6"], name="relu6"),
+             n("Conv", ["b6", "q.weight", "q.bias"], ["q"], name="q"),
+             n("Flatten", ["q"], ["y"], name="flat")]
+    return _model(nodes, {"c.weight": w(5, 1, 3, 3), "c.bias": w(5), "p.weight": w(5, 5, 1, 1), "p.bias": w(5),
+                          "lo": np.float32(0), "hi": np.float32(6), "q.weight": w(2, 5, 3, 3), "q.bias": w(2)},
+                  [1, 1, 3, 3], [1, 2], "masked")
 
 
 def int8_seeds(c):
@@ -192,6 +228,9 @@ def seeds():
                                       clip_grad=1.0),
         "mobile_ops_full_mom": c(mobile_ops(), update="full", lr=0.05, momentum=0.9),
         "mobile_ops_mse_batch2": c(mobile_ops(seed=4), update="full", loss="mse", lr=0.05, batch=2),
+        # frozen weights: the depthwise conv and its input gradient run in place (CONV2D_DW_INPLACE,
+        # CONV2D_BWD_INPUT_DW_INPLACE)
+        "mbconv_bias_saved_int8": c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8"),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
         # channel-sparse: c1 and pw train on some input channels (GATHER_CH, SCATTER_CH), dw on some
@@ -202,6 +241,7 @@ def seeds():
                                {"initializer": "dw.weight", "channel_axis": 0, "selected_channels": [0, 2, 3]},
                                {"initializer": "pw.weight", "channel_axis": 1, "selected_channels": [3, 0]}]}),
     }
+    out["masks_bits_mom"] = c(masked(), update=["c.weight", "c.bias"], lr=0.05, momentum=0.9, saved="bits")
     out.update(int8_seeds(c))
     return out
 

@@ -423,27 +423,19 @@ def data_int8():
 DATA["int8"] = data_int8
 
 
-def data_train_sparse():
-    """A MIT-style sparse update (docs/sparse.md) of tests/test_sparse.py's CNN: int8 frozen
-    prefix, some input channels of two 1x1 convs (those channels a parameter of their own, read
-    through GATHER_CH; the input gradient back through SCATTER_CH), three biases, the head, ReLU6
-    outputs saved as int8 for the backward (CLIP_BWD_Q8)."""
+def sparse_block_plan(scheme, **options):
+    """tests/test_sparse.py's CNN (ts13 export) compiled with a sparse-update scheme."""
     import tempfile
     import torch
     from oracle_models import export
     from test_sparse import Block
-    scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (1, 2, 3)],
-              "weight_updates": [{"conv_index": 1, "channel_axis": 1, "selected_channels": [0, 2, 3, 7]},
-                                 {"conv_index": 3, "ratio": 0.5, "select": "magnitude+"}]}
-    rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory() as d:
         path = export(Block().eval(), torch.zeros(1, 3, 6, 6), "ts13", os.path.join(d, "block.onnx"))
-        plan = microtrain.compile(path, update=scheme, lr=0.05, momentum=0.9, saved="int8", quantize="int8",
-                                  calibration=rng.normal(size=(32, 3, 6, 6)).astype(np.float32) * 2)
-    assert {"CONV2D_Q8", "CLIP_BWD_Q8", "CONV2D_BWD_WEIGHT", "GATHER_CH", "SCATTER_CH"} <= {o["op"] for o in plan.ops} \
-        and plan.meta["split"]
-    x = (rng.normal(size=(4, 3, 6, 6)) * 2).astype(np.float32)
-    y = rng.integers(0, 4, 4)
+        return microtrain.compile(path, update=scheme, lr=0.05, momentum=0.9, **options)
+
+
+def trained_on_host(plan, x, y):
+    """The data header of a train_full_and_compare() test: the plan trained STEPS steps here."""
     init = params_f32(microtrain.Simulator(plan))
     sim, losses = train_on_host(plan, x, y)
     assert_learns(losses)
@@ -451,7 +443,42 @@ def data_train_sparse():
                 HOST_LOSSES=f32(losses), HOST_PARAMS=params_f32(sim), INIT=init)
 
 
+def data_train_sparse():
+    """A MIT-style sparse update (docs/sparse.md) of tests/test_sparse.py's CNN: int8 frozen
+    prefix, some input channels of two 1x1 convs (those channels a parameter of their own, read
+    through GATHER_CH; the input gradient back through SCATTER_CH), three biases, the head, ReLU6
+    outputs saved as int8 for the backward (CLIP_BWD_Q8)."""
+    scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (1, 2, 3)],
+              "weight_updates": [{"conv_index": 1, "channel_axis": 1, "selected_channels": [0, 2, 3, 7]},
+                                 {"conv_index": 3, "ratio": 0.5, "select": "magnitude+"}]}
+    rng = np.random.default_rng(7)
+    plan = sparse_block_plan(scheme, saved="int8", quantize="int8",
+                             calibration=rng.normal(size=(32, 3, 6, 6)).astype(np.float32) * 2)
+    assert {"CONV2D_Q8", "CLIP_BWD_Q8", "CONV2D_BWD_WEIGHT", "GATHER_CH", "SCATTER_CH"} <= {o["op"] for o in plan.ops} \
+        and plan.meta["split"]
+    x = (rng.normal(size=(4, 3, 6, 6)) * 2).astype(np.float32)
+    return trained_on_host(plan, x, rng.integers(0, 4, 4))
+
+
 DATA["train_sparse"] = data_train_sparse
+
+
+def data_train_masks():
+    """tests/test_sparse.py's CNN in float with saved="bits": the ReLU6 outputs after the 1x1
+    expansion and the depthwise conv (read only by frozen weights) keep 1-bit masks for the
+    backward (MASK_PACK, MASK_BWD); some input channels of the expansion, three biases, the head
+    train. 6x6x12 = 432 bits per mask; the inputs are scaled so both ends of ReLU6 clamp."""
+    scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (1, 2, 3)],
+              "weight_updates": [{"conv_index": 1, "channel_axis": 1, "selected_channels": [0, 2, 3, 7]}]}
+    rng = np.random.default_rng(8)
+    plan = sparse_block_plan(scheme, saved="bits")
+    ops = [o["op"] for o in plan.ops]
+    assert ops.count("MASK_PACK") == 2 and ops.count("MASK_BWD") == 2 and plan.meta["channels"]
+    x = (rng.normal(size=(4, 3, 6, 6)) * 3).astype(np.float32)
+    return trained_on_host(plan, x, rng.integers(0, 4, 4))
+
+
+DATA["train_masks"] = data_train_masks
 
 
 def header(name, values):

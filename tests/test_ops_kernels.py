@@ -1,11 +1,12 @@
-"""The kernels of the activation, product and concatenation ops (mt_act.c, mt_mul.c,
-mt_concat.c) beyond what training against PyTorch shows (tests/test_torch_exactness.py
+"""The kernels of the activation, product, concatenation and mask ops (mt_act.c, mt_mul.c,
+mt_concat.c, mt_mask.c) beyond what training against PyTorch shows (tests/test_torch_exactness.py
 runs each op between trainable layers, with both exporters, and a MobileNetV3-style block):
 
 * forward accuracy over the whole float range, against PyTorch in float64: Sigmoid and Tanh
   use the core's own exp, and Tanh a series near 0, where 1 - exp(-2x) would cancel;
 * each op's load-time check refuses a plan whose op does not fit (kind, alpha, sizes, slice
-  range), naming the op, so no kernel ever runs on shapes it does not expect.
+  range, a packed mask's byte count), naming the op, so no kernel ever runs on shapes it does
+  not expect.
 """
 import struct
 import zlib
@@ -138,3 +139,56 @@ def test_bad_shapes_are_refused_at_load(op, slot, name):
     plan = mobile_plan()
     with pytest.raises(ValueError, match=r"tensor shapes do not fit the op \(op \d+"):
         microtrain.Simulator(Plan(patched(plan, op, slot=slot, value=plan.tensor_index(name))))
+
+
+# ---- 1-bit masks (mt_mask.c, compile(saved="bits")) ----
+
+def masks_plan():
+    """fuzz/make_corpus.py's masked model with saved="bits": two MASK_PACK/MASK_BWD pairs, masks of
+    45 bits (6 bytes); naive memory, so a resized tensor overlaps nothing."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fuzz"))
+    import make_corpus
+    return microtrain.compile(make_corpus.masked(), update=["c.weight", "c.bias"], lr=0.05, saved="bits",
+                              planner="naive")
+
+
+def resized(plan, name, n):
+    """The plan's bytes with tensor `name` (1-D, 1-byte elements) resized to n elements, CRC fixed."""
+    data = bytearray(plan.data)
+    pos = plan.header["tensors_off"] + plan.tensor_index(name) * F.TENSOR_BYTES
+    rec = F.unpack_tensor(data, pos)
+    rec.update(dim0=n, bytes=n)
+    data[pos:pos + F.TENSOR_BYTES] = F.pack_tensor(**rec)
+    crc = F.header_offsets()["crc32"]
+    data[crc:crc + 4] = struct.pack("<I", zlib.crc32(bytes(data[F.CRC_START:])))
+    return bytes(data)
+
+
+def test_mask_plan_loads_and_its_masks_are_one_bit_per_element():
+    plan = masks_plan()
+    assert [t["bytes"] for t in plan.tensors if t["name"].endswith("@mask")] == [6, 6]
+    microtrain.Simulator(Plan(resized(plan, "r@mask", 6)))   # the helper itself keeps a valid plan valid
+
+
+@pytest.mark.parametrize("name, n", [("r@mask", 5), ("r@mask", 7), ("b6@mask", 5), ("b6@mask", 1)])
+def test_packed_mask_of_the_wrong_size_is_refused_at_load(name, n):
+    """A packed mask must be ceil(n / 8) bytes for its float tensor's n elements (45 -> 6)."""
+    with pytest.raises(ValueError, match=r"tensor shapes do not fit the op \(op \d+"):
+        microtrain.Simulator(Plan(resized(masks_plan(), name, n)))
+
+
+@pytest.mark.parametrize("op, how", [
+    ("MASK_BWD", dict(slot=2, name="q")),       # dx of 2 for dy of 45
+    ("MASK_BWD", dict(slot=1, name="q")),       # dy of 2 for dx of 45
+    ("MASK_PACK", dict(slot=0, name="q")),      # 2 floats for a mask of 45 bits
+    ("MASK_PACK", dict(attr=0, value=0x7FC00000)),   # lo NaN
+    ("MASK_PACK", dict(attr=1, value=-0x40800000)),  # hi -1 below lo 0 (0xBF800000 as an int32)
+])
+def test_bad_mask_ops_are_refused_at_load(op, how):
+    plan = masks_plan()
+    if "name" in how:
+        how = dict(slot=how["slot"], value=plan.tensor_index(how["name"]))
+    with pytest.raises(ValueError, match=r"tensor shapes do not fit the op \(op \d+"):
+        microtrain.Simulator(Plan(patched(plan, op, **how)))

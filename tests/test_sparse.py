@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import microtrain
+from microtrain.memory import lifetimes
 from oracle_models import export
 
 STEPS = 20
@@ -363,3 +364,91 @@ def test_report_names_the_arena_peak_and_channels(models, tmp_path):
     assert "channels        %s: 4 input channels of 8" % names["pw1.weight"] in r.stdout
     assert "channels        %s: 5 output channels of 12" % names["dw.weight"] in r.stdout
     assert "arena peak      " in r.stdout and peak["tensors"][0][0] in r.stdout
+
+
+def float_clip_outputs_alive_in_backward(plan):
+    """The float Clip outputs whose memory (with what shares it in place) some TRAIN op reads."""
+    slots = [o["slots"] for o in plan.ops]
+    first, last = lifetimes(len(plan.tensors), slots, [plan.header["input_tensor"], plan.header["target_tensor"]])
+    owner = plan.memory_owners()
+    train = min(k for k, o in enumerate(plan.ops) if o["phase"] == "TRAIN")
+    clip_y = [o["slots"][1] for o in plan.ops if o["op"] == "CLIP"]
+    return [plan.tensors[y]["name"] for y in clip_y
+            if max(last[t] for t in range(len(plan.tensors)) if owner[t] == owner[y]) >= train]
+
+
+@pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
+@pytest.mark.parametrize("act", ["relu6", "relu"])
+def test_saved_bits(models, exporter, act, tmp_path):
+    """compile(saved="bits"): Clip outputs (ReLU6, ReLU) that only a frozen-weight layer reads keep
+    1 bit per element for the backward (MASK_PACK, MASK_BWD); the mask is the float one, so the
+    parameters after 20 steps match PyTorch's float model as saved="float32" does, no float copy
+    of those outputs lives into the backward, and the arena is smaller than with int8 copies.
+    The ReLU model takes 5x5 images: 12 x 25 = 300 bits, a last mask byte half used."""
+    hw = 6 if act == "relu6" else 5
+    if act == "relu6":
+        module, paths = models[False]
+    else:
+        module = Block(act=F.relu).eval()
+        paths = {exporter: export(module, torch.zeros(1, 3, hw, hw), exporter, str(tmp_path / "relu.onnx"))}
+    scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (0, 1, 2, 3)],
+              "weight_updates": [SCHEME["weight_updates"][0]]}
+    plans = {s: microtrain.compile(paths[exporter], update=scheme, lr=0.2, momentum=0.9, saved=s)
+             for s in ("float32", "int8", "bits")}
+    ops = [o["op"] for o in plans["bits"].ops]
+    # after pw1 (read by dw, frozen) and after dw (read by pw2, frozen); first's output feeds the
+    # gradient of the trained pw1 weight, so it stays float and its backward (to first's trained
+    # bias) is CLIP_BWD on it
+    assert ops.count("MASK_PACK") == 2 and ops.count("MASK_BWD") == 2 and ops.count("CLIP_BWD") == 1
+    assert "CLIP_BWD_Q8" not in ops and "QUANTIZE" not in ops
+    assert len(float_clip_outputs_alive_in_backward(plans["bits"])) == 1   # first's output only
+    assert len(float_clip_outputs_alive_in_backward(plans["float32"])) == 3
+    masks = [t for t in plans["bits"].tensors if t["name"].endswith("@mask")]
+    assert sorted(t["bytes"] for t in masks) == [-(-12 * hw * hw // 8)] * 2 and {t["dtype"] for t in masks} == {"U8"}
+    peak = {s: p.report()["peak_live_bytes"] for s, p in plans.items()}
+    if act == "relu6":   # int8 copies only for ReLU6 (a bounded range)
+        assert peak["bits"] < peak["int8"] < peak["float32"], peak
+    else:
+        assert peak["bits"] < peak["float32"], peak
+    names = onnx_names(plans["float32"])
+    xs, ys = data()
+    xs = xs[:, :, :hw, :hw] * 3   # activations reach the ReLU6 cap, so both ends of the mask matter
+    whole = ("fc.weight", "fc.bias", "first.bias", "pw1.bias", "dw.bias", "pw2.bias")
+    masks = torch_masks(module, scheme, whole)
+    want = torch_train(module, masks, xs, ys, 0.2, 0.9, 0.0, 1)
+    got = {}
+    for s in ("float32", "bits"):
+        sim = microtrain.Simulator(plans[s])
+        losses = [sim.step(x, y) for x, y in zip(xs, ys)]
+        got[s] = losses, sim.params()
+        params = plans[s].onnx_params(sim.params())
+        for n in whole + ("pw1.weight",):
+            m = masks[n].numpy().astype(bool)
+            w = want[n][m]
+            assert np.abs(params[names[n]][m] - w).max() <= RTOL * np.abs(w).max(), (s, n)
+    # the same C arithmetic on the same values: bits and float32 agree to the bit
+    assert got["bits"][0] == got["float32"][0]
+    for k, v in got["float32"][1].items():
+        assert np.array_equal(got["bits"][1][k], v), k
+
+
+def test_saved_bits_from_the_cli(models, tmp_path):
+    """`microtrain compile --saved bits` writes the plan of compile(saved="bits"); an unknown
+    mode is refused, naming the choices."""
+    import subprocess
+    import sys
+    _, paths = models[False]
+    scheme = tmp_path / "scheme.json"
+    scheme.write_text(json.dumps({"classifier": "full", "bias_updates": [{"conv_index": 2}]}))
+    out = tmp_path / "bits.mtp"
+    cli = [sys.executable, "-m", "microtrain", "compile", paths["ts13"], "-o", str(out), "--update", str(scheme)]
+    r = subprocess.run(cli + ["--saved", "bits"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    plan = microtrain.load_plan(str(out))
+    api = microtrain.compile(paths["ts13"], update=str(scheme), saved="bits")
+    assert [o["op"] for o in plan.ops] == [o["op"] for o in api.ops] and "MASK_BWD" in [o["op"] for o in plan.ops]
+    assert plan.tensors == api.tensors
+    r = subprocess.run(cli + ["--saved", "bit"], capture_output=True, text=True)
+    assert r.returncode != 0 and "float32, int8, bits" in r.stderr.replace("'", "")
+    with pytest.raises(ValueError, match="unknown saved 'bit'; use one of float32, int8, bits"):
+        microtrain.compile(paths["ts13"], update=str(scheme), saved="bit")

@@ -91,13 +91,16 @@ def exported(case, exporter, directory):
 
 # ------------------------------------------------------- plan <-> PyTorch ----
 
+# a layer's forward op: a depthwise conv whose input dies there runs in place (x w b s y)
+LAYER_FORWARD = ("CONV2D", "GEMM", "CONV2D_DW_INPLACE")
+
 def plan_layers(plan):
     """[(weight name, bias name or None, layout)] of the plan's CONV2D/GEMM ops in order;
     layout "out_in" or "in_out" (how the ONNX initializer stores a Gemm/MatMul weight)."""
     names = [t["name"] for t in plan.tensors]
     out = []
     for op in plan.ops:
-        if op["op"] in ("CONV2D", "GEMM"):
+        if op["op"] in LAYER_FORWARD:
             b = op["slots"][2]
             layout = "in_out" if op["op"] == "GEMM" and op["attrs"][0] == MF.W_LAYOUT_IN_OUT else "out_in"
             out.append((names[op["slots"][1]], names[b] if b is not None else None, layout))
@@ -340,7 +343,7 @@ def shares_memory(plan, name):
                and t["offset"] < u["offset"] + u["bytes"] for u in plan.tensors)
 
 
-BWD_INPUT = ("CONV2D_BWD_INPUT", "GEMM_BWD_INPUT")
+BWD_INPUT = ("CONV2D_BWD_INPUT", "GEMM_BWD_INPUT", "CONV2D_BWD_INPUT_DW_INPLACE")
 ELTWISE_BWD = {"CLIP": "CLIP_BWD", "MAXPOOL": "MAXPOOL_BWD", "AVGPOOL": "AVGPOOL_BWD", "GAP": "GAP_BWD",
                "ACT": "ACT_BWD"}
 
@@ -362,7 +365,7 @@ def check_pruning(plan):
     assert dx == sorted(w for w, _, _ in pl[first + 1:]), "input-gradient ops for %s, expected the layers after %s" % (
         dx, pl[first][0])
     fwd = [o for o in plan.ops if o["phase"] == "FORWARD"]
-    first_op = [i for i, o in enumerate(fwd) if o["op"] in ("CONV2D", "GEMM")][first]
+    first_op = [i for i, o in enumerate(fwd) if o["op"] in LAYER_FORWARD][first]
     for op, bwd in ELTWISE_BWD.items():
         want = sum(1 for o in fwd[first_op + 1:] if o["op"] == op)
         got = sum(1 for o in plan.ops if o["op"] == bwd)

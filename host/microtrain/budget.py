@@ -83,7 +83,7 @@ def choose(model, budget, log=None, **options):
             r = plan.report()
             raise ValueError("budget %d B is too small: the classifier alone needs %d B of peak RAM (arena %d, "
                              "trainable state %d, context %d). Give at least that, or reduce the arena (int8 "
-                             "frozen part: quantize='int8'; saved='int8')" % (budget, peak, r["arena_bytes"],
+                             "frozen part: quantize='int8'; saved='bits')" % (budget, peak, r["arena_bytes"],
                                                                              r["param_bytes"], r["context_bytes"]))
         lo, hi = 0, len(convs)   # largest N whose biases fit: lo fits, anything above hi does not
         while lo < hi:

@@ -297,9 +297,10 @@ def parser():
                    help="what trains: last-layer, bias (every bias), last:K (the last K layers), full, none (an "
                    "inference-only plan), a JSON file listing initializer names, or a MIT sparse-update scheme "
                    "(JSON: one entry of a *.schemes.json `schemes` list, or the whole file with --scheme)")
-    c.add_argument("--saved", choices=["float32", "int8"], default="float32",
+    c.add_argument("--saved", choices=["float32", "int8", "bits"], default="float32",
                    help="int8: keep the ReLU6 outputs the backward reads as int8 (a quarter of the bytes; as an "
-                   "int8 model, outputs within half a step of the clamp pass no gradient). docs/sparse.md")
+                   "int8 model, outputs within half a step of the clamp pass no gradient); bits: keep only the "
+                   "ReLU/ReLU6 masks, 1 bit per element, gradients exact. docs/sparse.md")
     c.add_argument("--budget", metavar="SIZE", default=None,
                    help="choose what trains so that peak RAM fits SIZE (e.g. 200KB): the classifier, the biases "
                    "of the last convs, then input-channel fractions of their weights (docs/sparse.md)")

@@ -49,7 +49,7 @@ def optimizer_state(tensors, ops):
 
 
 QUANTIZE = (None, "int8")
-SAVED = ("float32", "int8")
+SAVED = ("float32", "int8", "bits")
 INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 
 
@@ -80,7 +80,9 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     pass through int8 layers in float). docs/quantization.md.
     saved: "int8" keeps the ReLU6 (Clip(0, hi)) outputs the backward reads as int8 copies, a
     quarter of the float bytes; outputs within half an int8 step of 0 or hi then pass no gradient,
-    as in an int8 model (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
+    as in an int8 model; "bits" keeps the mask of every Clip (ReLU, ReLU6) output the backward
+    reads only for its mask as 1 bit per element (MASK_PACK, MASK_BWD), gradients exactly those of
+    "float32" (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
     of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen).
     int8_fuse: stream each frozen int8 1x1 conv into the depthwise conv that alone reads it (PWDW_Q8,
     bit-identical; the expanded tensor is never stored); False keeps them two ops.

@@ -255,11 +255,25 @@ OPS = (
     # the gradient of each input is a SLICE of dy, elements [begin, begin + n)
     OpSpec("CONCAT", 47, _s("a b c? d? y:out"), ()),
     OpSpec("SLICE", 48, _s("x y:out"), ("begin",)),
+    # 1-bit masks for the backward of Clip (ReLU, ReLU6) when only the mask is needed
+    # (compile(saved="bits")): MASK_PACK packs bit i = lo < y[i] < hi of the float output into
+    # m, a U8 tensor of ceil(n / 8) bytes (bit i is bit i % 8 of byte i / 8); MASK_BWD is then
+    # CLIP_BWD on the bits: dx = dy where the bit is set, else 0
+    OpSpec("MASK_PACK", 49, _s("y m:out:U8"), ("lo_bits", "hi_bits")),
+    OpSpec("MASK_BWD", 50, _s("m:U8 dy dx:out"), (), inplace=(("dx", "dy"),)),
     # a weight trained on some input channels: the trained convolution reads the GATHER_CH of
     # those channels (idx: their numbers, constant int32); its input gradient goes back through
     # SCATTER_CH (zeros in the other channels). docs/sparse.md
     OpSpec("GATHER_CH", 56, _s("x idx:I32 y:out"), ()),
     OpSpec("SCATTER_CH", 57, _s("dy idx:I32 dx:out"), ()),
+    # a depthwise CONV2D (groups = channels) that may write y over x, which nothing reads after
+    # it: each input channel is copied to s (one plane) before its output channel is written
+    OpSpec("CONV2D_DW_INPLACE", 58, _s("x w b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
+    # its input gradient the same way: dx over dy, each dy channel copied to s first
+    OpSpec("CONV2D_BWD_INPUT_DW_INPLACE", 59, _s("dy w s:out dx:out"), CONV_ATTRS, inplace=(("dx", "dy"),)),
+    # y = acc + conv(x, w) (no bias): the trained input channels of a split weight (split.py)
+    # added to the frozen part's output, in its memory
+    OpSpec("CONV2D_ACC", 60, _s("x w acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them

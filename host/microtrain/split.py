@@ -3,7 +3,7 @@
 A convolution y = conv(x, W) + b whose weight trains on input channels S only (MIT's
 pointwise1 schemes, schemes.py) is rewritten, before the training plan is built, as
 
-    y = conv(x, W_frozen) + b  +  conv(gather(x, S), W[:, S])
+    y = conv(x, W_frozen) + b  +  conv(gather(x, S), W[:, S])      (the sum: CONV2D_ACC, in place)
 
 W_frozen ("W@frozen") is W with the channels S zeroed, a constant (flash on a board); W[:, S]
 is a new trainable parameter ("W@trained"), in RAM with its optimizer state; gather copies the channels S of x (whose copy is then what the weight gradient reads,
@@ -68,20 +68,18 @@ def _split(graph, n, chans):
     part = np.ascontiguousarray(wv.data[:, chans])
     idx = n.output + "@channels"
     xs = n.output + "@gathered"
-    y0, y1 = n.output + "@frozen_part", n.output + "@trained_part"
+    y0 = n.output + "@frozen_part"
     V[frozen_name(w)] = Value(frozen_name(w), wv.shape, wv.onnx_shape, data=frozen)
     V[slice_name(w)] = Value(slice_name(w), part.shape, (wv.onnx_shape[0], K) + tuple(wv.onnx_shape[2:]), data=part)
     V[idx] = Value(idx, (K,), (K,), data=np.asarray(chans, np.int32), dtype="I32")
     V[xs] = Value(xs, (1, K) + tuple(xv.shape[2:]), (xv.onnx_shape[0], K) + tuple(xv.onnx_shape[2:]))
-    for y in (y0, y1):
-        V[y] = Value(y, yv.shape, yv.onnx_shape)
+    V[y0] = Value(y0, yv.shape, yv.onnx_shape)
     origin = graph.origins.get(w, {"init": w, "folds": []})
     graph.origins[frozen_name(w)] = dict(origin)
     graph.origins[slice_name(w)] = dict(origin, channels=chans)
     return [Node("conv", [x, frozen_name(w), bias], y0, dict(n.attrs), n.onnx_name, dict(n.parts)),
             Node("gather", [x, idx], xs, {}, n.onnx_name),
-            Node("conv", [xs, slice_name(w), None], y1, dict(n.attrs), n.onnx_name),
-            Node("add", [y0, y1], n.output, {}, n.onnx_name)]
+            Node("conv", [xs, slice_name(w), None, y0], n.output, dict(n.attrs), n.onnx_name)]   # y0 + conv
 
 
 def merge(plan, params):

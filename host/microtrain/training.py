@@ -64,8 +64,9 @@ class Builder:
     def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None,
                  saved="float32"):
         self.g = graph
-        self.saved = saved                      # "int8": ReLU6 outputs kept for backward as int8 (Clip rule)
+        self.saved = saved                      # "int8"/"bits": Clip outputs kept for backward as int8/masks
         self.saved_q = {}                       # value name -> its int8 copy
+        self.saved_mask = {}                    # value name -> its 1-bit mask (U8, ceil(n / 8) bytes)
         self.clip_grad = clip_grad
         self.trainable = set(trainable)
         self.channels = dict(channels or {})   # weight -> (axis, channels): trains on those channels only
@@ -266,6 +267,7 @@ class Builder:
                 if s is not None:
                     r = self.root(s)
                     last[r] = max(last.get(r, -1), k)
+        self.depthwise_in_place(last)
         for k, o in enumerate(self.ops):
             for out_name, in_name in o.spec.inplace:
                 out, src = o.slots[o.spec.slot_index(out_name)], o.slots[o.spec.slot_index(in_name)]
@@ -277,6 +279,31 @@ class Builder:
                 to.view_of = rs
                 last[rs] = max(last.get(rs, -1), last.pop(ro, -1))
                 break
+
+
+    def depthwise_in_place(self, last):
+        """A depthwise CONV2D whose input nothing reads after it (its weight frozen, and the input's
+        producer's backward reading a mask or nothing) becomes CONV2D_DW_INPLACE, with one input
+        plane of scratch, so that its output can take the input's memory: one activation fewer
+        alive in the forward of a MobileNet block (docs/sparse.md)."""
+        groups = F.CONV_ATTRS.index("groups")
+        for k, o in enumerate(self.ops):
+            if o.name == "CONV2D":   # x w b y
+                src, w, out, plane = o.slots[0], o.slots[1], o.slots[3], o.slots[0]
+            elif o.name == "CONV2D_BWD_INPUT":   # dy w dx: the scratch holds a dy plane
+                src, w, out, plane = o.slots[0], o.slots[1], o.slots[2], o.slots[0]
+            else:
+                continue
+            ts, tw, to, rs = self.tensors[src], self.tensors[w], self.tensors[out], self.root(src)
+            C = tw.shape[0]
+            if (o.attrs[groups] != C or tw.shape[1] != 1 or last.get(rs) != k or to.view_of is not None
+                    or self.tensors[rs].storage != "ARENA" or to.nbytes != self.tensors[rs].nbytes):
+                continue
+            s = self.tensor(TTensor("%s@plane" % to.name, (int(np.prod(self.tensors[plane].shape[2:])),)))
+            if o.name == "CONV2D":
+                o.name, o.slots = "CONV2D_DW_INPLACE", o.slots[:3] + [s, out]
+            else:
+                o.name, o.slots = "CONV2D_BWD_INPUT_DW_INPLACE", o.slots[:2] + [s, out]
 
 
 # ---- rules: how each IR op trains ----------------------------------------------------------
@@ -305,8 +332,9 @@ def rule_for(n):
 
 @rule("conv", "gemm")
 class Layer:
-    """y = conv(x, W) + b, or y = x W^T + b: the input gradient first (it must see the weight the
-    forward used), then the weight and bias gradients, each fused with its parameter's update."""
+    """y = conv(x, W) + b, or y = x W^T + b: the bias gradient, the input gradient (before the
+    weight's update: it must see the weight the forward used), then the weight gradient, each
+    fused with its parameter's update."""
 
     @staticmethod
     def attrs(n):
@@ -316,8 +344,10 @@ class Layer:
         w = b.tensors[ins[1]]
         if n.op == "conv":
             ys = b.tensors[y].shape
-            return b.op("CONV2D", "FORWARD", ins + [y], self.attrs(n), n.onnx_name,
-                        ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:])))
+            macs = ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:]))
+            if len(ins) > 3:   # y = acc + conv(x, W), no bias (split.py)
+                return b.op("CONV2D_ACC", "FORWARD", [ins[0], ins[1], ins[3], y], self.attrs(n), n.onnx_name, macs)
+            return b.op("CONV2D", "FORWARD", ins + [y], self.attrs(n), n.onnx_name, macs)
         return b.op("GEMM", "FORWARD", ins + [y], self.attrs(n), n.onnx_name, w.nbytes // 4)
 
     def backward(self, b, n, ins, dy):
@@ -325,6 +355,10 @@ class Layer:
         w = b.tensors[ins[1]]
         macs = b.fwd[n.output].macs
         x = n.inputs[0]
+        if len(n.inputs) > 3:   # y = acc + conv: acc's gradient is dy
+            b.contribute(n.inputs[3], dy)
+        if n.bias() in b.trainable:   # first: the input gradient may then take dy's memory (in place)
+            b.op("BIAS_BWD", "TRAIN", [dy, ins[2]] + b.sink(n.bias()), [0, b.tensors[ins[2]].shape[0]], n.onnx_name)
         if b.wants(x):
             dx = b.grad_tensor(x, ins[0])
             b.op("CONV2D_BWD_INPUT" if conv else "GEMM_BWD_INPUT", "TRAIN", [dy, ins[1], dx], self.attrs(n),
@@ -345,8 +379,6 @@ class Layer:
                 label = "[%d:%d]" % ((o0, o0 + oc) if oc != O else (k0, k0 + kc))
                 b.op(name, "TRAIN", [dy, ins[0], ins[1]] + b.sink(n.weight(), (label, shape)),
                      self.attrs(n) + [o0, oc, k0, kc], n.onnx_name, macs * oc * kc // (O * K))
-        if n.bias() in b.trainable:
-            b.op("BIAS_BWD", "TRAIN", [dy, ins[2]] + b.sink(n.bias()), [0, b.tensors[ins[2]].shape[0]], n.onnx_name)
 
 
     @staticmethod
@@ -371,7 +403,14 @@ class Clip:
     def forward(self, b, n, ins, y):
         op = b.op("CLIP", "FORWARD", [ins[0], y], self.attrs(n), n.onnx_name)
         lo, hi = n.attrs["lo"], n.attrs["hi"]
-        if b.saved == "int8" and b.wants(n.inputs[0]) and lo == 0 and math.isfinite(hi) and hi > 0 \
+        if b.saved == "bits" and b.wants(n.inputs[0]) and self.only_clip_bwd_reads(b, n.output):
+            # the backward needs only where lo < y < hi: one bit per element lets the float y go
+            # after its forward readers, and the gradient stays exactly CLIP_BWD's
+            t = b.tensors[y]
+            m = b.tensor(TTensor(n.output + "@mask", (-(-int(np.prod(t.shape)) // 8),), dtype="U8"))
+            b.op("MASK_PACK", "FORWARD", [y, m], self.attrs(n), n.onnx_name)
+            b.saved_mask[n.output] = m
+        elif b.saved == "int8" and b.wants(n.inputs[0]) and lo == 0 and math.isfinite(hi) and hi > 0 \
                 and self.only_clip_bwd_reads(b, n.output):
             # the backward needs only where 0 < y < hi: an int8 copy, 0 -> -128 and hi -> 127, lets the
             # float y go after its forward readers (MIT saves int8 outputs too); y within half a step of
@@ -395,7 +434,9 @@ class Clip:
         x = n.inputs[0]
         if b.wants(x):
             dx = b.grad_tensor(x, ins[0])
-            if n.output in b.saved_q:
+            if n.output in b.saved_mask:
+                b.op("MASK_BWD", "TRAIN", [b.saved_mask[n.output], dy, dx], [], n.onnx_name)
+            elif n.output in b.saved_q:
                 b.op("CLIP_BWD_Q8", "TRAIN", [b.saved_q[n.output], dy, dx], [-128, 127], n.onnx_name)
             else:
                 b.op("CLIP_BWD", "TRAIN", [b.index[n.output], dy, dx], self.attrs(n), n.onnx_name)
@@ -590,7 +631,7 @@ def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_g
     inplace=False gives every value its own tensor memory; clip_grad: the largest L2 norm of
     the batch's gradient over all trainable parameters, or None; channels: {weight: (axis,
     channels)} for weights that train on some channels only (schemes.py); saved: "int8" keeps
-    ReLU6 outputs for the backward as int8 (Clip rule)."""
+    ReLU6 outputs for the backward as int8, "bits" keeps Clip masks as 1 bit each (Clip rule)."""
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
     return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad, channels, saved).build()

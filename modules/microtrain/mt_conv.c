@@ -436,9 +436,10 @@ static void pass_grad_k3(const pass_t *p, const float *x, const float *dy, float
  * in registers, and each sum runs over c in order, as the plane passes do. */
 
 /* Y[r][p] = init[r] + sum_k A(r, k) X[k][p] for r < R, p < P; A(r, k) = a[r*ars + k*aks]
- * (the weight, or its transpose for the backward input pass). */
+ * (the weight, or its transpose for the backward input pass). With acc, each sum starts from
+ * acc[r][p] instead (acc may be Y itself). */
 static void pw_product(const float *a, int32_t ars, int32_t aks, uint32_t R, uint32_t K, const float *X, uint32_t P,
-    const float *init, float *Y) {
+    const float *init, const float *acc, float *Y) {
     uint32_t r = 0;
     for (; r + 2 <= R; r += 2) {
         float *y0 = Y + (size_t)r * P, *y1 = y0 + P;
@@ -446,6 +447,10 @@ static void pw_product(const float *a, int32_t ars, int32_t aks, uint32_t R, uin
         uint32_t p = 0;
         for (; p + 4 <= P; p += 4) {
             float s00 = b0, s01 = b0, s02 = b0, s03 = b0, s10 = b1, s11 = b1, s12 = b1, s13 = b1;
+            if (acc != NULL) {
+                const float *c0 = acc + (size_t)r * P + p, *c1 = c0 + P;
+                s00 = c0[0], s01 = c0[1], s02 = c0[2], s03 = c0[3], s10 = c1[0], s11 = c1[1], s12 = c1[2], s13 = c1[3];
+            }
             const float *x = X + p, *a0 = a + (size_t)r * ars, *a1 = a0 + ars;
             for (uint32_t k = K; k > 0; k--) {
                 const float w0 = *a0, w1 = *a1, x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
@@ -471,7 +476,7 @@ static void pw_product(const float *a, int32_t ars, int32_t aks, uint32_t R, uin
             y1[p + 3] = s13;
         }
         for (; p < P; p++) {
-            float s0 = b0, s1 = b1;
+            float s0 = acc != NULL ? acc[(size_t)r * P + p] : b0, s1 = acc != NULL ? acc[(size_t)(r + 1) * P + p] : b1;
             const float *x = X + p, *a0 = a + (size_t)r * ars, *a1 = a0 + ars;
             for (uint32_t k = K; k > 0; k--) {
                 s0 += *a0 * *x;
@@ -488,7 +493,7 @@ static void pw_product(const float *a, int32_t ars, int32_t aks, uint32_t R, uin
         float *y0 = Y + (size_t)r * P;
         const float b0 = init != NULL ? init[r] : 0.0f;
         for (uint32_t p = 0; p < P; p++) {
-            float s0 = b0;
+            float s0 = acc != NULL ? acc[(size_t)r * P + p] : b0;
             const float *x = X + p, *a0 = a + (size_t)r * ars;
             for (uint32_t k = K; k > 0; k--) {
                 s0 += *a0 * *x;
@@ -579,41 +584,148 @@ static uint32_t conv_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
     return sizeof(conv_rec_t);
 }
 
-static int conv_run(mt_ctx_t *ctx, const void *rec) {
-    const conv_rec_t *r = rec;
-    const conv_geom_t *g = &r->g;
-    const float *x = MT_F32(ctx, r->x), *w = MT_F32(ctx, r->w), *b = MT_F32(ctx, r->b);
-    float *y = MT_F32(ctx, r->y);
+/* y = b + conv(x, w), or with acc (CONV2D_ACC) y = acc + conv(x, w); acc may be y itself */
+static void conv_forward(const conv_geom_t *g, uint8_t kind, const float *x, const float *w, const float *b,
+    const float *acc, float *y) {
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
-    if (r->h.kind == KIND_POINTWISE) {
+    if (kind == KIND_POINTWISE) {
         for (uint32_t gi = 0; gi < g->G; gi++) {
             pw_product(w + gi * g->Og * g->Cg, (int32_t)g->Cg, 1, g->Og, g->Cg, x + gi * g->Cg * plane, (uint32_t)plane,
-                b != NULL ? b + gi * g->Og : NULL, y + gi * g->Og * oplane);
+                b != NULL ? b + gi * g->Og : NULL, acc != NULL ? acc + gi * g->Og * oplane : NULL, y + gi * g->Og * oplane);
         }
-        return MT_OK;
+        return;
     }
     pass_t p;
     pass_of(g, &p);
     for (uint32_t o = 0; o < g->O; o++) {
         float *yo = y + o * oplane;
-        const float init = b != NULL ? b[o] : 0.0f;
-        for (size_t i = 0; i < oplane; i++) {
-            yo[i] = init;
+        if (acc != NULL) {   /* acc is y itself or overlaps it nowhere (the load-time alias check) */
+            if (acc != y) {
+                memcpy(yo, acc + o * oplane, oplane * sizeof(float));
+            }
+        } else {
+            const float init = b != NULL ? b[o] : 0.0f;
+            for (size_t i = 0; i < oplane; i++) {
+                yo[i] = init;
+            }
         }
         const float *xg = x + (o / g->Og) * g->Cg * plane;
         for (uint32_t c = 0; c < g->Cg; c++) {
             const float *k = w + (o * g->Cg + c) * taps;
-            if (r->h.kind == KIND_K3) {
+            if (kind == KIND_K3) {
                 pass_gather_k3(&p, xg + c * plane, yo, k);
             } else {
                 pass_gather(&p, xg + c * plane, yo, k, g->KW, 1);
             }
         }
     }
+}
+
+static int conv_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_rec_t *r = rec;
+    conv_forward(&r->g, r->h.kind, MT_F32(ctx, r->x), MT_F32(ctx, r->w), MT_F32(ctx, r->b), NULL, MT_F32(ctx, r->y));
     return MT_OK;
 }
 
 const mt_opdef_t mt_op_CONV2D = {conv_check, conv_prepare, conv_run};
+
+/* ---- CONV2D_ACC: y = acc + conv(x, w), y may take acc's memory (split.py: the trained input
+ * channels of a weight added to the frozen part's output without a second output tensor) ---- */
+
+static int conv_acc_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *t = op->t;
+    (void)ctx;
+    return conv_check_shapes(op->a, &t[MT_CONV2D_ACC_X], &t[MT_CONV2D_ACC_W], &t[MT_CONV2D_ACC_Y])
+           && t[MT_CONV2D_ACC_ACC].n == t[MT_CONV2D_ACC_Y].n ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t conv_acc_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_rec_t *r = rec;   /* b holds acc */
+    (void)ctx;
+    if (r != NULL) {
+        r->x = op->t[MT_CONV2D_ACC_X].ref;
+        r->w = op->t[MT_CONV2D_ACC_W].ref;
+        r->b = op->t[MT_CONV2D_ACC_ACC].ref;
+        r->y = op->t[MT_CONV2D_ACC_Y].ref;
+        conv_prepare_geom(op->a, &op->t[MT_CONV2D_ACC_X], &op->t[MT_CONV2D_ACC_W], &op->t[MT_CONV2D_ACC_Y], &r->g);
+        r->h.kind = conv_kind(&r->g);
+    }
+    return sizeof(conv_rec_t);
+}
+
+static int conv_acc_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_rec_t *r = rec;
+    conv_forward(&r->g, r->h.kind, MT_F32(ctx, r->x), MT_F32(ctx, r->w), NULL, MT_F32(ctx, r->b), MT_F32(ctx, r->y));
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_ACC = {conv_acc_check, conv_acc_prepare, conv_acc_run};
+
+/* ---- CONV2D_DW_INPLACE: a depthwise CONV2D whose output may take its input's memory ----
+ * Channel o of y depends on channel o of x only: each input plane is copied to the scratch
+ * plane s before output plane o is written, and output plane o ends no later than input plane
+ * o does (oplane <= plane), so y may overwrite x. The same passes as CONV2D, so the same bits. */
+
+typedef struct {
+    mt_rec_t h;
+    uint32_t x, w, b, s, y;
+    conv_geom_t g;
+} conv_dw_rec_t;
+
+static int conv_dw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *t = op->t;
+    (void)ctx;
+    if (!conv_check_shapes(op->a, &t[MT_CONV2D_DW_INPLACE_X], &t[MT_CONV2D_DW_INPLACE_W], &t[MT_CONV2D_DW_INPLACE_Y])) {
+        return MT_E_SHAPE;
+    }
+    const mt_tensor_t *x = &t[MT_CONV2D_DW_INPLACE_X], *w = &t[MT_CONV2D_DW_INPLACE_W], *y = &t[MT_CONV2D_DW_INPLACE_Y];
+    uint32_t C = x->dim[1];
+    return (uint32_t)op->a[MT_CONV_A_GROUPS] == C && w->dim[0] == C && w->dim[1] == 1
+           && t[MT_CONV2D_DW_INPLACE_S].n == x->dim[2] * x->dim[3] && y->dim[2] * y->dim[3] <= x->dim[2] * x->dim[3]
+           && (t[MT_CONV2D_DW_INPLACE_B].n == 0 || t[MT_CONV2D_DW_INPLACE_B].n == C) ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t conv_dw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_dw_rec_t *r = rec;
+    (void)ctx;
+    if (r != NULL) {
+        r->x = op->t[MT_CONV2D_DW_INPLACE_X].ref;
+        r->w = op->t[MT_CONV2D_DW_INPLACE_W].ref;
+        r->b = op->t[MT_CONV2D_DW_INPLACE_B].ref;
+        r->s = op->t[MT_CONV2D_DW_INPLACE_S].ref;
+        r->y = op->t[MT_CONV2D_DW_INPLACE_Y].ref;
+        conv_prepare_geom(op->a, &op->t[MT_CONV2D_DW_INPLACE_X], &op->t[MT_CONV2D_DW_INPLACE_W],
+            &op->t[MT_CONV2D_DW_INPLACE_Y], &r->g);
+        r->h.kind = conv_kind(&r->g) == KIND_K3 ? KIND_K3 : KIND_GENERIC;
+    }
+    return sizeof(conv_dw_rec_t);
+}
+
+static int conv_dw_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_dw_rec_t *r = rec;
+    const conv_geom_t *g = &r->g;
+    const float *x = MT_F32(ctx, r->x), *w = MT_F32(ctx, r->w), *b = MT_F32(ctx, r->b);
+    float *s = MT_F32(ctx, r->s), *y = MT_F32(ctx, r->y);
+    const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
+    pass_t p;
+    pass_of(g, &p);
+    for (uint32_t o = 0; o < g->O; o++) {
+        memcpy(s, x + o * plane, plane * sizeof(float));
+        float *yo = y + o * oplane;
+        const float init = b != NULL ? b[o] : 0.0f;
+        for (size_t i = 0; i < oplane; i++) {
+            yo[i] = init;
+        }
+        if (r->h.kind == KIND_K3) {
+            pass_gather_k3(&p, s, yo, w + o * taps);
+        } else {
+            pass_gather(&p, s, yo, w + o * taps, g->KW, 1);
+        }
+    }
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_DW_INPLACE = {conv_dw_check, conv_dw_prepare, conv_dw_run};
 
 /* ---- CONV2D_BWD_INPUT ---- */
 
@@ -644,6 +756,38 @@ static uint32_t conv_bwd_input_prepare(const mt_ctx_t *ctx, const mt_op_t *op, v
     return sizeof(conv_bwd_input_rec_t);
 }
 
+/* The pass of the input gradient at stride 1: a convolution of dy with the flipped filter,
+ * padded by the rest of its extent. */
+static void bwd_input_pass_of(const pass_t *p, pass_t *q) {
+    *q = *p;
+    q->IH = p->OH;
+    q->IW = p->OW;
+    q->OH = p->IH;
+    q->OW = p->IW;
+    q->pt = p->dh * (p->KH - 1) - p->pt;
+    q->pl = p->dw * (p->KW - 1) - p->pl;
+}
+
+/* dx[c] += the input gradient through filter k = w[o, c] of dy[o]: at stride 1 a gather of dy
+ * with the flipped filter (pass q), otherwise each tap scattered over the inputs it read. */
+static void bwd_input_pair(const pass_t *p, const pass_t *q, uint8_t kind, const float *dyo, float *dxc,
+    const float *k) {
+    if (p->sh != 1 || p->sw != 1) {
+        pass_scatter(p, dyo, dxc, k);
+        return;
+    }
+    const float *last = k + p->KH * p->KW - 1;
+    if (kind == KIND_K3) {
+        float flipped[9];
+        for (int32_t i = 0; i < p->KH * 3; i++) {
+            flipped[i] = last[-i];
+        }
+        pass_gather_k3(q, dyo, dxc, flipped);
+    } else {
+        pass_gather(q, dyo, dxc, last, -(int32_t)p->KW, -1);
+    }
+}
+
 static int conv_bwd_input_run(mt_ctx_t *ctx, const void *rec) {
     const conv_bwd_input_rec_t *r = rec;
     const conv_geom_t *g = &r->g;
@@ -653,49 +797,84 @@ static int conv_bwd_input_run(mt_ctx_t *ctx, const void *rec) {
     if (r->h.kind == KIND_POINTWISE) {   /* dx[c] = sum_o w[o][c] dy[o]: the transposed product */
         for (uint32_t gi = 0; gi < g->G; gi++) {
             pw_product(w + gi * g->Og * g->Cg, 1, (int32_t)g->Cg, g->Cg, g->Og, dy + gi * g->Og * oplane,
-                (uint32_t)plane, NULL, dx + gi * g->Cg * plane);
+                (uint32_t)plane, NULL, NULL, dx + gi * g->Cg * plane);
         }
         return MT_OK;
     }
     memset(dx, 0, (size_t)g->C * plane * sizeof(float));
-    pass_t p;
+    pass_t p, q;
     pass_of(g, &p);
-    if (g->sh == 1 && g->sw == 1) {
-        /* stride 1: a convolution of dy with the flipped filter, padded by the rest of its extent */
-        pass_t q = p;
-        q.IH = p.OH;
-        q.IW = p.OW;
-        q.OH = p.IH;
-        q.OW = p.IW;
-        q.pt = p.dh * (p.KH - 1) - p.pt;
-        q.pl = p.dw * (p.KW - 1) - p.pl;
-        for (uint32_t c = 0; c < g->C; c++) {
-            uint32_t gi = c / g->Cg, cg = c - gi * g->Cg;
-            for (uint32_t o = gi * g->Og; o < (gi + 1) * g->Og; o++) {
-                const float *last = w + (o * g->Cg + cg) * taps + taps - 1;
-                if (r->h.kind == KIND_K3) {
-                    float flipped[9];
-                    for (int32_t i = 0; i < p.KH * 3; i++) {
-                        flipped[i] = last[-i];
-                    }
-                    pass_gather_k3(&q, dy + o * oplane, dx + c * plane, flipped);
-                } else {
-                    pass_gather(&q, dy + o * oplane, dx + c * plane, last, -(int32_t)g->KW, -1);
-                }
-            }
-        }
-    } else {
-        for (uint32_t o = 0; o < g->O; o++) {
-            uint32_t c0 = (o / g->Og) * g->Cg;
-            for (uint32_t c = 0; c < g->Cg; c++) {
-                pass_scatter(&p, dy + o * oplane, dx + (c0 + c) * plane, w + (o * g->Cg + c) * taps);
-            }
+    bwd_input_pass_of(&p, &q);
+    /* each dx[c] sums its filters' terms in increasing o */
+    for (uint32_t c = 0; c < g->C; c++) {
+        uint32_t gi = c / g->Cg, cg = c - gi * g->Cg;
+        for (uint32_t o = gi * g->Og; o < (gi + 1) * g->Og; o++) {
+            bwd_input_pair(&p, &q, r->h.kind, dy + o * oplane, dx + c * plane, w + (o * g->Cg + cg) * taps);
         }
     }
     return MT_OK;
 }
 
 const mt_opdef_t mt_op_CONV2D_BWD_INPUT = {conv_bwd_input_check, conv_bwd_input_prepare, conv_bwd_input_run};
+
+/* ---- CONV2D_BWD_INPUT_DW_INPLACE: a depthwise CONV2D_BWD_INPUT whose dx may take dy's memory ----
+ * dx[c] depends on dy[c] only: each dy plane is copied to the scratch plane s before dx[c] is
+ * cleared and written, and dx[c] ends no later than dy[c] does (plane <= oplane). */
+
+typedef struct {
+    mt_rec_t h;
+    uint32_t dy, w, s, dx;
+    conv_geom_t g;
+} conv_bwd_input_dw_rec_t;
+
+static int conv_bwd_input_dw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *t = op->t;
+    const mt_tensor_t *dx = &t[MT_CONV2D_BWD_INPUT_DW_INPLACE_DX], *w = &t[MT_CONV2D_BWD_INPUT_DW_INPLACE_W],
+                      *dy = &t[MT_CONV2D_BWD_INPUT_DW_INPLACE_DY];
+    (void)ctx;
+    if (!conv_check_shapes(op->a, dx, w, dy)) {
+        return MT_E_SHAPE;
+    }
+    uint32_t C = dx->dim[1];
+    return (uint32_t)op->a[MT_CONV_A_GROUPS] == C && w->dim[0] == C && w->dim[1] == 1
+           && t[MT_CONV2D_BWD_INPUT_DW_INPLACE_S].n == dy->dim[2] * dy->dim[3]
+           && dx->dim[2] * dx->dim[3] <= dy->dim[2] * dy->dim[3] ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t conv_bwd_input_dw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_bwd_input_dw_rec_t *r = rec;
+    (void)ctx;
+    if (r != NULL) {
+        r->dy = op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_DY].ref;
+        r->w = op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_W].ref;
+        r->s = op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_S].ref;
+        r->dx = op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_DX].ref;
+        conv_prepare_geom(op->a, &op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_DX], &op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_W],
+            &op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_DY], &r->g);
+        r->h.kind = conv_kind(&r->g) == KIND_K3 ? KIND_K3 : KIND_GENERIC;
+    }
+    return sizeof(conv_bwd_input_dw_rec_t);
+}
+
+static int conv_bwd_input_dw_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_bwd_input_dw_rec_t *r = rec;
+    const conv_geom_t *g = &r->g;
+    const float *dy = MT_F32(ctx, r->dy), *w = MT_F32(ctx, r->w);
+    float *s = MT_F32(ctx, r->s), *dx = MT_F32(ctx, r->dx);
+    const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
+    pass_t p, q;
+    pass_of(g, &p);
+    bwd_input_pass_of(&p, &q);
+    for (uint32_t c = 0; c < g->C; c++) {
+        memcpy(s, dy + c * oplane, oplane * sizeof(float));
+        memset(dx + c * plane, 0, plane * sizeof(float));
+        bwd_input_pair(&p, &q, r->h.kind, s, dx + c * plane, w + c * taps);
+    }
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_BWD_INPUT_DW_INPLACE = {conv_bwd_input_dw_check, conv_bwd_input_dw_prepare,
+    conv_bwd_input_dw_run};
 
 /* ---- CONV2D_BWD_WEIGHT: each weight's gradient summed completely, then handed
  * to the sink, so with batch 1 no gradient buffer exists. The trained part is

@@ -589,6 +589,19 @@
 #define MT_SLICE_X 0
 #define MT_SLICE_Y 1
 #define MT_SLICE_A_BEGIN 0
+#define MT_OP_MASK_PACK 49
+#define MT_MASK_PACK_NSLOTS 2
+#define MT_MASK_PACK_NATTRS 2
+#define MT_MASK_PACK_Y 0
+#define MT_MASK_PACK_M 1
+#define MT_MASK_PACK_A_LO_BITS 0
+#define MT_MASK_PACK_A_HI_BITS 1
+#define MT_OP_MASK_BWD 50
+#define MT_MASK_BWD_NSLOTS 3
+#define MT_MASK_BWD_NATTRS 0
+#define MT_MASK_BWD_M 0
+#define MT_MASK_BWD_DY 1
+#define MT_MASK_BWD_DX 2
 #define MT_OP_GATHER_CH 56
 #define MT_GATHER_CH_NSLOTS 3
 #define MT_GATHER_CH_NATTRS 0
@@ -601,7 +614,56 @@
 #define MT_SCATTER_CH_DY 0
 #define MT_SCATTER_CH_IDX 1
 #define MT_SCATTER_CH_DX 2
-#define MT_OP_MAX 57
+#define MT_OP_CONV2D_DW_INPLACE 58
+#define MT_CONV2D_DW_INPLACE_NSLOTS 5
+#define MT_CONV2D_DW_INPLACE_NATTRS 9
+#define MT_CONV2D_DW_INPLACE_X 0
+#define MT_CONV2D_DW_INPLACE_W 1
+#define MT_CONV2D_DW_INPLACE_B 2
+#define MT_CONV2D_DW_INPLACE_S 3
+#define MT_CONV2D_DW_INPLACE_Y 4
+#define MT_CONV2D_DW_INPLACE_A_STRIDE_H 0
+#define MT_CONV2D_DW_INPLACE_A_STRIDE_W 1
+#define MT_CONV2D_DW_INPLACE_A_PAD_T 2
+#define MT_CONV2D_DW_INPLACE_A_PAD_L 3
+#define MT_CONV2D_DW_INPLACE_A_PAD_B 4
+#define MT_CONV2D_DW_INPLACE_A_PAD_R 5
+#define MT_CONV2D_DW_INPLACE_A_DIL_H 6
+#define MT_CONV2D_DW_INPLACE_A_DIL_W 7
+#define MT_CONV2D_DW_INPLACE_A_GROUPS 8
+#define MT_OP_CONV2D_BWD_INPUT_DW_INPLACE 59
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_NSLOTS 4
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_NATTRS 9
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_DY 0
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W 1
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_S 2
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_DX 3
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_STRIDE_H 0
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_STRIDE_W 1
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_PAD_T 2
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_PAD_L 3
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_PAD_B 4
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_PAD_R 5
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_DIL_H 6
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_DIL_W 7
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_A_GROUPS 8
+#define MT_OP_CONV2D_ACC 60
+#define MT_CONV2D_ACC_NSLOTS 4
+#define MT_CONV2D_ACC_NATTRS 9
+#define MT_CONV2D_ACC_X 0
+#define MT_CONV2D_ACC_W 1
+#define MT_CONV2D_ACC_ACC 2
+#define MT_CONV2D_ACC_Y 3
+#define MT_CONV2D_ACC_A_STRIDE_H 0
+#define MT_CONV2D_ACC_A_STRIDE_W 1
+#define MT_CONV2D_ACC_A_PAD_T 2
+#define MT_CONV2D_ACC_A_PAD_L 3
+#define MT_CONV2D_ACC_A_PAD_B 4
+#define MT_CONV2D_ACC_A_PAD_R 5
+#define MT_CONV2D_ACC_A_DIL_H 6
+#define MT_CONV2D_ACC_A_DIL_W 7
+#define MT_CONV2D_ACC_A_GROUPS 8
+#define MT_OP_MAX 60
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -646,8 +708,13 @@
     X(AFFINE) \
     X(CONCAT) \
     X(SLICE) \
+    X(MASK_PACK) \
+    X(MASK_BWD) \
     X(GATHER_CH) \
-    X(SCATTER_CH)
+    X(SCATTER_CH) \
+    X(CONV2D_DW_INPLACE) \
+    X(CONV2D_BWD_INPUT_DW_INPLACE) \
+    X(CONV2D_ACC)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -726,8 +793,8 @@
     {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* AFFINE */ \
     {5, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONCAT */ \
     {2, 1, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SLICE */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(1, 4, 0)}, {255, 255, 255, 255}}, /* MASK_PACK */ \
+    {3, 0, {MT_SLOT(0, 4, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* MASK_BWD */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
@@ -735,6 +802,9 @@
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GATHER_CH */ \
     {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SCATTER_CH */ \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC */ \
 }
 
 /* error codes */
