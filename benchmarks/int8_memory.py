@@ -29,11 +29,12 @@ def kb(n):
     return "%.1f" % (n / 1024)
 
 
-def figures(path, mode, calib, momentum=0.9):
-    """{"float32": report, "int8": report} of one model and update mode."""
+def figures(path, mode, calib, momentum=0.9, int8_fuse=True):
+    """{"float32": report, "int8": report} of one model and update mode (int8_fuse=False: every int8
+    conv its own op, the same tensors as the float plan)."""
     f = microtrain.compile(path, update=mode, momentum=momentum).report()
     q = microtrain.compile(path, update=mode, momentum=momentum, quantize="int8", calibration=calib,
-                           input_dtype="uint8", input_quant=(1 / 127.5, 128)).report()
+                           input_dtype="uint8", input_quant=(1 / 127.5, 128), int8_fuse=int8_fuse).report()
     keep = ("arena_bytes", "param_bytes", "context_bytes", "peak_ram_bytes", "flash_bytes", "const_bytes")
     return {"float32": {k: f[k] for k in keep}, "int8": {k: q[k] for k in keep}}
 

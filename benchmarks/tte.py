@@ -12,7 +12,7 @@ arena's peak and the largest tensors alive there. With --momentum 0.9 the state 
 the momentum of channel-sparse weights held for their trained channels only.
 
     python benchmarks/tte.py [--calibration 32] [--momentum 0] [--saved bits] [--json bench/tte.json]
-                             [--schemes 49kb,full]
+                             [--schemes 49kb,full] [--no-int8-fuse]
 """
 import argparse
 import json
@@ -35,10 +35,10 @@ def kb(n):
     return n / 1024
 
 
-def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits"):
+def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8_fuse=True):
     """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
     quantize: its plan is float32 with float input."""
-    q = {} if scheme == "full" else int8_options(calib)
+    q = {} if scheme == "full" else dict(int8_options(calib), int8_fuse=int8_fuse)
     t = time.time()
     plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved, **q)
     seconds = time.time() - t
@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--saved", choices=microtrain.compiler.SAVED, default="bits",
                     help="how ReLU/ReLU6 outputs are kept for the backward (compile(saved=...)): bits, their 1-bit "
                     "masks; int8, int8 copies; float32, the outputs themselves")
+    ap.add_argument("--no-int8-fuse", dest="int8_fuse", action="store_false",
+                    help="keep each int8 1x1 conv and its depthwise conv two ops (compile(int8_fuse=False))")
     ap.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")
     ap.add_argument("--json", metavar="FILE", default=None, help="also write the results here (e.g. bench/tte.json)")
     ap.add_argument("--top", type=int, default=4, help="tensors alive at the peak to print")
@@ -81,8 +83,9 @@ def main():
         for s in schemes:
             if want and s["scheme"] not in want:
                 continue
-            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved)
+            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved, args.int8_fuse)
             r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved,
+                     int8_fuse=args.int8_fuse,
                      mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
                      mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
             rows.append(r)

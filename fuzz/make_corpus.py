@@ -149,6 +149,25 @@ def int8_net(seed=7):
                           "fc2.weight": w(3, 6), "fc2.bias": w(3)}, [1, 1, 6, 6], [1, 3], "int8_net")
 
 
+def int8_block(seed=9):
+    """An inverted residual: 1x1 expansion-ReLU6, 3x3 stride-2 depthwise-ReLU6 (the int8 lowering
+    streams the two as PWDW_Q8), 1x1 projection, global average pooling, Gemm."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "pw1.weight", "pw1.bias"], ["e"], name="pw1"),
+             n("Clip", ["e", "lo", "hi"], ["e6"], name="relu6_1"),
+             n("Conv", ["e6", "dw.weight", "dw.bias"], ["d"], pads=[1, 1, 1, 1], strides=[2, 2], group=6, name="dw"),
+             n("Clip", ["d", "lo", "hi"], ["d6"], name="relu6_2"),
+             n("Conv", ["d6", "pw2.weight", "pw2.bias"], ["p"], name="pw2"),
+             n("GlobalAveragePool", ["p"], ["g"], name="gap"),
+             n("Flatten", ["g"], ["f"], name="flat"),
+             n("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
+    return _model(nodes, {"pw1.weight": w(6, 2, 1, 1), "pw1.bias": w(6), "dw.weight": w(6, 1, 3, 3), "dw.bias": w(6),
+                          "pw2.weight": w(3, 6, 1, 1), "pw2.bias": w(3), "lo": np.float32(0), "hi": np.float32(6),
+                          "fc.weight": w(2, 3), "fc.bias": w(2)}, [1, 2, 5, 7], [1, 2], "int8_block")
+
+
 def masked(seed=9):
     """conv (trains) -> Relu -> 1x1 conv (frozen) -> Clip(0, 6) -> 3x3 conv (frozen): with saved="bits" each
     activation's backward reads a 1-bit mask (MASK_PACK, MASK_BWD); 5 channels of 3x3, 45 bits, so the
@@ -169,7 +188,7 @@ def masked(seed=9):
 
 def int8_seeds(c):
     """int8 plans of int8_net (docs/quantization.md): trained through every frozen int8 layer, and
-    an int8 prefix with uint8 input ahead of a float last layer."""
+    an int8 prefix with uint8 input ahead of a float last layer; int8_block's streamed expansion."""
     calib = np.random.default_rng(0).normal(0, 1, (16, 1, 6, 6)).astype(np.float32)
     q = dict(quantize="int8", calibration=calib)
     return {
@@ -177,6 +196,8 @@ def int8_seeds(c):
                                  int8_scope="frozen", **q),
         "int8_prefix_uint8_input": c(int8_net(seed=8), update="last-layer", lr=0.05, momentum=0.9,
                                      input_dtype="uint8", input_quant=(1 / 255, 0), **q),
+        "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8",
+                                     calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
     }
 
 

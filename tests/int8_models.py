@@ -3,7 +3,8 @@ op the int8 path has: strided and padded convolutions, BatchNormalization folded
 depthwise ReLU6, a residual Add, max, average and global average pooling, Flatten, Linear),
 its ONNX export with either exporter, onnxruntime's static quantization of it (QDQ), and
 a QDQ model written from microtrain's own post-training quantization, so that onnxruntime
-can run the very same integers."""
+can run the very same integers; and a MobileNetV2-style block (Block) whose expansion the int8
+lowering streams into its depthwise conv (PWDW_Q8)."""
 import contextlib
 import io
 import os
@@ -48,6 +49,34 @@ class DigitsNet(nn.Module):
         h = F.avg_pool2d(h, 3, stride=1, padding=1, count_include_pad=False)
         h = F.adaptive_avg_pool2d(h, 1)
         return self.fc(torch.flatten(h, 1))
+
+
+class Block(nn.Module):
+    """stem conv, then an inverted residual: 1x1 expansion, depthwise kxk, 1x1 projection (with the
+    residual when the shapes allow), global average pooling, Linear."""
+
+    def __init__(self, k=3, stride=1, pad=1, dil=1, expand=24, cin=1, width=8, bias=False):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(cin, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU6())
+        self.pw1 = nn.Sequential(nn.Conv2d(width, expand, 1, bias=bias), nn.BatchNorm2d(expand), nn.ReLU6())
+        self.dw = nn.Sequential(nn.Conv2d(expand, expand, k, stride, pad, dilation=dil, groups=expand, bias=bias),
+                                nn.BatchNorm2d(expand), nn.ReLU6())
+        self.pw2 = nn.Sequential(nn.Conv2d(expand, width, 1, bias=bias), nn.BatchNorm2d(width))
+        self.residual = stride == 1 and 2 * pad == dil * (k - 1)
+        self.fc = nn.Linear(width, 10)
+        g = torch.Generator().manual_seed(k * 10 + stride)
+        for m in self.modules():   # batch statistics as a trained network has them
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.2)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.3)
+
+    def forward(self, x):
+        a = self.stem(x)
+        h = self.pw2(self.dw(self.pw1(a)))
+        if self.residual:
+            h = h + a
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(h, 1), 1))
 
 
 def train(model, x, y, epochs=8, lr=0.01, seed=0):

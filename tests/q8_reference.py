@@ -174,6 +174,15 @@ def run_plan(plan, x, values=None):
             b = get(s["b"]) if s["b"] is not None else None
             y = conv(get(s["x"]), get(s["w"]), b, get(s["mult"]), get(s["shift"]), zp(s["x"]), zp(s["y"]), a,
                      (a["act_min"], a["act_max"]), out["shape"])
+        elif name == "PWDW_Q8":   # the two convolutions it streams, the expanded tensor whole
+            x = get(s["x"])
+            w1, ring = get(s["w1"]), T[s["ring"]]
+            one = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=1)
+            e = conv(x, w1, get(s["b1"]) if s["b1"] is not None else None, get(s["mult1"]), get(s["shift1"]),
+                     zp(s["x"]), zp(s["ring"]), one, (a["act_min1"], a["act_max1"]),
+                     (1, w1.shape[0]) + x.shape[2:])
+            y = conv(e, get(s["w"]), get(s["b"]) if s["b"] is not None else None, get(s["mult"]), get(s["shift"]),
+                     zp(s["ring"]), zp(s["y"]), a, (a["act_min"], a["act_max"]), out["shape"])
         elif name == "GEMM_Q8":
             b = get(s["b"]) if s["b"] is not None else None
             y = gemm(get(s["x"]), get(s["w"]), b, get(s["mult"]), get(s["shift"]), zp(s["x"]), zp(s["y"]),

@@ -399,11 +399,25 @@ def data_int8():
     host_train, losses = train_on_host(train, xq, d["y"][:n])
     host_through, losses_through = train_on_host(through, x, d["y"][:n])
     assert_learns(losses)
+    # a MobileNetV2-style block whose 1x1 expansion is streamed into its 5x5 stride-2 depthwise conv
+    import tempfile
+    import torch
+    import int8_models
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        block = int8_models.export(int8_models.Block(5, 2, 2).eval(), os.path.join(tmp, "block.onnx"), "ts")
+        pwdw = microtrain.compile(block, update="none", **q)
+        pwdw_train = microtrain.compile(block, update="last:2", lr=0.05, momentum=0.9, **q)
+    assert all("PWDW_Q8" in [o["op"] for o in p.ops] for p in (pwdw, pwdw_train))
+    pred_pwdw = np.stack([microtrain.Simulator(pwdw).predict(v) for v in x])
+    host_pwdw, losses_pwdw = train_on_host(pwdw_train, x, d["y"][:n])
     return dict(PLAN_INFER=infer.data, PLAN_INFER_F=infer_f.data, PLAN_TRAIN=train.data, PLAN_THROUGH=through.data,
                 N=n, XQ=xq.tobytes(), X=f32(x), Y=[int(v) for v in d["y"][:n]], STEPS=STEPS,
                 HOST_PRED=f32(pred), HOST_PRED_F=f32(pred_f), HOST_LOSSES=f32(losses),
                 HOST_PARAMS=params_f32(host_train), HOST_LOSSES_THROUGH=f32(losses_through),
-                HOST_PARAMS_THROUGH=params_f32(host_through))
+                HOST_PARAMS_THROUGH=params_f32(host_through), PLAN_PWDW=pwdw.data, PLAN_PWDW_TRAIN=pwdw_train.data,
+                HOST_PRED_PWDW=f32(pred_pwdw), HOST_LOSSES_PWDW=f32(losses_pwdw),
+                HOST_PARAMS_PWDW=params_f32(host_pwdw))
 
 
 DATA["int8"] = data_int8

@@ -55,7 +55,8 @@ INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
-            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None):
+            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None,
+            int8_fuse=True):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -83,6 +84,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     reads only for its mask as 1 bit per element (MASK_PACK, MASK_BWD), gradients exactly those of
     "float32" (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
     of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen).
+    int8_fuse: stream each frozen int8 1x1 conv into the depthwise conv that alone reads it (PWDW_Q8,
+    bit-identical; the expanded tensor is never stored); False keeps them two ops.
     """
     if budget is not None:   # choose what trains (budget.py), then the plan of that choice
         from .budget import choose
@@ -90,7 +93,10 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
             raise ValueError("budget chooses what trains: give it without update/scheme")
         return choose(model, budget, loss=loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
-                      input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved)[1]
+                      input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
+                      int8_fuse=int8_fuse)[1]
+    if int8_fuse not in (True, False):
+        raise ValueError("int8_fuse must be True or False, got %r" % (int8_fuse,))
     if saved not in SAVED:
         raise ValueError("unknown saved %r; use one of %s" % (saved, ", ".join(SAVED)))
     if loss not in LOSSES:
@@ -138,7 +144,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         raise ValueError("input_quant is for quantize='int8'; a QDQ model states its input's quantization")
     if graph.quant:
         from .quantize import lower
-        graph = lower(graph, trainable, INPUT_DTYPES[input_dtype], int8_scope)
+        graph = lower(graph, trainable, INPUT_DTYPES[input_dtype], int8_scope, fuse=int8_fuse)
     elif input_dtype != "float32":
         raise ValueError("input_dtype %r needs an int8 model: quantize='int8' with calibration samples, or a QDQ "
                          "model" % input_dtype)

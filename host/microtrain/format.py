@@ -15,7 +15,7 @@ VERSION = 2         # 2: int8 tensors, quantization table, input dtype, int8 ops
 ALIGN = 8           # every section, constant, state and arena offset is a multiple of this
 NO_TENSOR = 0xFFFF  # an absent optional tensor slot
 NO_NAME = 0xFFFFFFFF
-MAX_SLOTS = 8       # tensor slots per op
+MAX_SLOTS = 12      # tensor slots per op (PWDW_Q8 has 11)
 MAX_ATTRS = 16      # int32 attributes per op
 MAX_DIMS = 4
 
@@ -226,6 +226,12 @@ OPS = (
     OpSpec("CONV2D_BWD_INPUT_Q8", 29, _s("dy w:I8 dx:out"), CONV_ATTRS),
     OpSpec("GEMM_BWD_INPUT_Q8", 30, _s("dy w:I8 dx:out"), ("w_layout",)),
     OpSpec("MAXPOOL_BWD_Q8", 31, _s("x:I8 dy dx:out"), POOL_ATTRS),
+    # a 1x1 CONV2D_Q8 (w1..s1, clamp act_min1/act_max1) streamed into a depthwise CONV2D_Q8 (w2..s2,
+    # the CONV attributes, groups = channels; clamp act_min/act_max) row by row: the expanded
+    # tensor exists only as `ring`, the last (KH-1)*dil_h+1 of its rows (ring: rows x E x W, int8,
+    # the expanded tensor's quantization); the same integers as the two ops (docs/quantization.md)
+    OpSpec("PWDW_Q8", 32, _s("x:I8 w1:I8 b1:I32? mult1:I32 shift1:I32 w:I8 b:I32? mult:I32 shift:I32 "
+                             "ring:out:I8 y:out:I8"), CONV_ATTRS + Q8_CLAMP + ("act_min1", "act_max1")),
     # gradient-norm clipping (compile(clip_grad=...)): every gradient goes to an accumulator;
     # at the end of the batch GRAD_NORM2 sums the squares of all of them into n2 (first=1
     # starts the sum), then GRAD_CLIP scales each by min(1, max_norm / (|mean gradient| + 1e-6))

@@ -40,6 +40,18 @@ def qconv(b, n, ins, y):
                 n.onnx_name, macs)
 
 
+def qpwdw(b, n, ins, y):
+    """A 1x1 conv streamed into a depthwise conv (q8_fuse.py): the expanded tensor exists as its
+    ring of rows only, an arena tensor of this op alone."""
+    from .training import TTensor
+    name, shape, q = n.attrs["ring"]
+    ring = b.tensor(TTensor(name, shape, dtype="I8", quant=q))
+    w, ys = b.tensors[ins[5]], b.tensors[y].shape
+    macs = n.attrs["macs"] + ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:]))
+    attrs = _conv_attrs(n.attrs) + [n.attrs[k] for k in ("act_min", "act_max", "act_min1", "act_max1")]
+    return b.op("PWDW_Q8", "FORWARD", ins + [ring, y], attrs, n.onnx_name, macs)
+
+
 def qgemm(b, n, ins, y):
     return b.op("GEMM_Q8", "FORWARD", ins + [y], [n.attrs["w_layout"], n.attrs["act_min"], n.attrs["act_max"]],
                 n.onnx_name, b.tensors[ins[1]].nbytes)
@@ -62,8 +74,8 @@ def qgap(b, n, ins, y):
     return b.op("GAP_Q8", "FORWARD", [ins[0], y], [n.attrs["mult"], n.attrs["shift"]], n.onnx_name)
 
 
-FORWARD = {"quantize": quantize, "dequantize": dequantize, "qconv": qconv, "qgemm": qgemm, "qadd": qadd,
-           "qmaxpool": qmaxpool, "qavgpool": qavgpool, "qgap": qgap}
+FORWARD = {"quantize": quantize, "dequantize": dequantize, "qconv": qconv, "qpwdw": qpwdw, "qgemm": qgemm,
+           "qadd": qadd, "qmaxpool": qmaxpool, "qavgpool": qavgpool, "qgap": qgap}
 
 
 # ---- backward through frozen int8 nodes ----

@@ -4,7 +4,7 @@
  *   CONV2D_Q8  y[o] = clamp(y_zp + requant(b[o] + sum w[o,c,ky,kx] * (x[c] - x_zp), mult[o], shift[o]))
  * Padding stands for the input zero point (real 0), so a padded tap adds
  * nothing: the window walk skips it (mt_window_range), as for float. Each
- * output row is summed in int32 chunks of ROW outputs, the inner loop over
+ * output row is summed in int32 chunks of MT_Q8_ROW outputs, the inner loop over
  * contiguous outputs.
  *
  *   CONV2D_BWD_INPUT_Q8  dx[c] += dy[o] (*) flip(w[o,c]) * w_scale[o]
@@ -14,8 +14,6 @@
  */
 #include <string.h>
 #include "mt_q8.h"
-
-#define ROW 32   /* outputs summed at once: 128 bytes of stack */
 
 typedef struct {
     mt_rec_t h;
@@ -55,13 +53,6 @@ static uint32_t conv_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *re
     return sizeof(conv_q8_rec_t);
 }
 
-/* acc[j] += wv * (in[j*step] - zp), j < n */
-MT_INLINE void mac_row(int32_t *acc, const int8_t *in, int32_t step, int32_t wv, int32_t zp, int32_t n) {
-    for (int32_t j = 0; j < n; j++) {
-        acc[j] += wv * ((int32_t)in[j * step] - zp);
-    }
-}
-
 static int conv_q8_run(mt_ctx_t *ctx, const void *rec) {
     const conv_q8_rec_t *r = rec;
     const mt_conv_geom_t *g = &r->g;
@@ -70,9 +61,9 @@ static int conv_q8_run(mt_ctx_t *ctx, const void *rec) {
     const int32_t *mult = (const int32_t *)mt_ptr(ctx, r->mult), *shift = (const int32_t *)mt_ptr(ctx, r->shift);
     int8_t *y = (int8_t *)mt_ptr(ctx, r->y);
     const int32_t H = (int32_t)g->H, W = (int32_t)g->W, OW = (int32_t)g->OW, KH = g->KH, KW = g->KW;
-    const int32_t sh = g->sh, sw = g->sw, dh = g->dh, dw = g->dw, pt = g->pt, pl = g->pl;
+    const int32_t sh = g->sh, dh = g->dh, pt = g->pt;
     const size_t plane = (size_t)g->H * g->W, taps = (size_t)KH * KW;
-    int32_t acc[ROW];
+    int32_t acc[MT_Q8_ROW];
     for (uint32_t o = 0; o < g->O; o++) {
         const int8_t *xg = x + (o / g->Og) * g->Cg * plane, *wo = w + (size_t)o * g->Cg * taps;
         const int32_t init = b != NULL ? b[o] : 0, m = mult[o], s = shift[o];
@@ -80,30 +71,16 @@ static int conv_q8_run(mt_ctx_t *ctx, const void *rec) {
         for (int32_t oy = 0; oy < (int32_t)g->OH; oy++) {
             int32_t by = oy * sh - pt, ky0, ky1;
             mt_window_range(by, dh, KH, H, &ky0, &ky1);
-            for (int32_t x0 = 0; x0 < OW; x0 += ROW) {
-                const int32_t n = OW - x0 < ROW ? OW - x0 : ROW;
-                for (int32_t j = 0; j < n; j++) {
-                    acc[j] = init;
-                }
+            for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
+                const int32_t n = mt_q8_chunk(acc, x0, OW, init);
                 for (uint32_t c = 0; c < g->Cg; c++) {
                     const int8_t *wc = wo + c * taps;
                     for (int32_t ky = ky0; ky < ky1; ky++) {
-                        const int8_t *irow = xg + c * plane + (size_t)(by + ky * dh) * W;
-                        for (int32_t kx = 0; kx < KW; kx++) {
-                            int32_t off = kx * dw - pl, lo, hi;
-                            mt_window_range(off, sw, OW, W, &lo, &hi);
-                            lo = lo > x0 ? lo : x0;
-                            hi = hi < x0 + n ? hi : x0 + n;
-                            if (lo < hi) {
-                                mac_row(acc + (lo - x0), irow + lo * sw + off, sw, wc[ky * KW + kx], r->x_zp, hi - lo);
-                            }
-                        }
+                        mt_q8_mac_taps(acc, xg + c * plane + (size_t)(by + ky * dh) * W, wc + ky * KW, g, x0, n,
+                            r->x_zp);
                     }
                 }
-                int8_t *yrow = yo + (size_t)oy * OW + x0;
-                for (int32_t j = 0; j < n; j++) {
-                    yrow[j] = mt_q8_out(mt_q8_requant(acc[j], m, s), r->y_zp, r->lo, r->hi);
-                }
+                mt_q8_store_row(yo + (size_t)oy * OW + x0, acc, n, m, s, r->y_zp, r->lo, r->hi);
             }
         }
     }

@@ -62,7 +62,10 @@ static int add_q8_run(mt_ctx_t *ctx, const void *rec) {
     for (uint32_t i = 0; i < r->n; i++) {
         int32_t sa = mt_q8_requant(((int32_t)a[i] - r->a_zp) * scale, r->a_mult, r->a_shift);
         int32_t sb = mt_q8_requant(((int32_t)b[i] - r->b_zp) * scale, r->b_mult, r->b_shift);
-        y[i] = mt_q8_out(mt_q8_requant(sa + sb, r->y_mult, r->y_shift), r->y_zp, r->lo, r->hi);
+        /* each may saturate at an int32 bound (multipliers no compiler writes): add in 64 bits */
+        const int64_t s = (int64_t)sa + sb;
+        const int32_t sum = (int32_t)(s > INT32_MAX ? INT32_MAX : (s < INT32_MIN ? INT32_MIN : s));
+        y[i] = mt_q8_out(mt_q8_requant(sum, r->y_mult, r->y_shift), r->y_zp, r->lo, r->hi);
     }
     return MT_OK;
 }

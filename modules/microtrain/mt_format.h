@@ -8,7 +8,7 @@
 #define MT_ALIGN 8
 #define MT_NO_TENSOR 0xFFFF
 #define MT_NO_NAME 0xFFFFFFFFU
-#define MT_MAX_SLOTS 8
+#define MT_MAX_SLOTS 12
 #define MT_MAX_ATTRS 16
 #define MT_MAX_DIMS 4
 #define MT_CRC_START 16
@@ -499,6 +499,33 @@
 #define MT_MAXPOOL_BWD_Q8_A_DIL_H 8
 #define MT_MAXPOOL_BWD_Q8_A_DIL_W 9
 #define MT_MAXPOOL_BWD_Q8_A_COUNT_INCLUDE_PAD 10
+#define MT_OP_PWDW_Q8 32
+#define MT_PWDW_Q8_NSLOTS 11
+#define MT_PWDW_Q8_NATTRS 13
+#define MT_PWDW_Q8_X 0
+#define MT_PWDW_Q8_W1 1
+#define MT_PWDW_Q8_B1 2
+#define MT_PWDW_Q8_MULT1 3
+#define MT_PWDW_Q8_SHIFT1 4
+#define MT_PWDW_Q8_W 5
+#define MT_PWDW_Q8_B 6
+#define MT_PWDW_Q8_MULT 7
+#define MT_PWDW_Q8_SHIFT 8
+#define MT_PWDW_Q8_RING 9
+#define MT_PWDW_Q8_Y 10
+#define MT_PWDW_Q8_A_STRIDE_H 0
+#define MT_PWDW_Q8_A_STRIDE_W 1
+#define MT_PWDW_Q8_A_PAD_T 2
+#define MT_PWDW_Q8_A_PAD_L 3
+#define MT_PWDW_Q8_A_PAD_B 4
+#define MT_PWDW_Q8_A_PAD_R 5
+#define MT_PWDW_Q8_A_DIL_H 6
+#define MT_PWDW_Q8_A_DIL_W 7
+#define MT_PWDW_Q8_A_GROUPS 8
+#define MT_PWDW_Q8_A_ACT_MIN 9
+#define MT_PWDW_Q8_A_ACT_MAX 10
+#define MT_PWDW_Q8_A_ACT_MIN1 11
+#define MT_PWDW_Q8_A_ACT_MAX1 12
 #define MT_OP_GRAD_NORM2 40
 #define MT_GRAD_NORM2_NSLOTS 2
 #define MT_GRAD_NORM2_NATTRS 1
@@ -671,6 +698,7 @@
     X(CONV2D_BWD_INPUT_Q8) \
     X(GEMM_BWD_INPUT_Q8) \
     X(MAXPOOL_BWD_Q8) \
+    X(PWDW_Q8) \
     X(GRAD_NORM2) \
     X(GRAD_CLIP) \
     X(ACT) \
@@ -748,7 +776,7 @@
     {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_Q8 */ \
     {3, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GEMM_BWD_INPUT_Q8 */ \
     {3, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MAXPOOL_BWD_Q8 */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {11, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* PWDW_Q8 */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \

@@ -1,6 +1,6 @@
 /* microtrain core: int8 arithmetic and quantization records, shared by the
- * int8 kernels (mt_quant.c, mt_conv_q8.c, mt_gemm_q8.c, mt_eltwise_q8.c,
- * mt_pool_q8.c). Private to the core.
+ * int8 kernels (mt_quant.c, mt_conv_q8.c, mt_pwdw_q8.c, mt_gemm_q8.c,
+ * mt_eltwise_q8.c, mt_pool_q8.c). Private to the core.
  *
  * An int8 tensor q stands for real values scale * (q - zero_point). Inside the
  * int8 path everything is integer: an op sums int32 products, then rescales the
@@ -64,6 +64,49 @@ MT_INLINE int8_t mt_q8_clamp(int32_t v, int32_t lo, int32_t hi) {
 MT_INLINE int8_t mt_q8_out(int32_t v, int32_t zp, int32_t lo, int32_t hi) {
     v = v < -256 ? -256 : (v > 256 ? 256 : v);
     return mt_q8_clamp(v + zp, lo, hi);
+}
+
+/* ---- the row loops of the int8 convolutions (mt_conv_q8.c, mt_pwdw_q8.c) ---- */
+
+#define MT_Q8_ROW 32   /* outputs summed at once: 128 bytes of stack */
+
+/* The chunk of a row of `width` outputs that starts at x0: its n (<= MT_Q8_ROW) sums set to init; n. */
+MT_INLINE int32_t mt_q8_chunk(int32_t *acc, int32_t x0, int32_t width, int32_t init) {
+    const int32_t n = width - x0 < MT_Q8_ROW ? width - x0 : MT_Q8_ROW;
+    for (int32_t j = 0; j < n; j++) {
+        acc[j] = init;
+    }
+    return n;
+}
+
+/* acc[j] += wv * (in[j*step] - zp), j < n */
+MT_INLINE void mt_q8_mac_row(int32_t *acc, const int8_t *in, int32_t step, int32_t wv, int32_t zp, int32_t n) {
+    for (int32_t j = 0; j < n; j++) {
+        acc[j] += wv * ((int32_t)in[j * step] - zp);
+    }
+}
+
+/* The taps wr[0..KW) of one input row irow (W values) for outputs x0 .. x0+n of an output row:
+ * acc[j] += wr[kx] * (irow[(x0+j)*sw + kx*dw - pl] - zp); taps in the padding add nothing. */
+MT_INLINE void mt_q8_mac_taps(int32_t *acc, const int8_t *irow, const int8_t *wr, const mt_conv_geom_t *g,
+    int32_t x0, int32_t n, int32_t zp) {
+    for (int32_t kx = 0; kx < (int32_t)g->KW; kx++) {
+        int32_t off = kx * g->dw - g->pl, lo, hi;
+        mt_window_range(off, g->sw, (int32_t)g->OW, (int32_t)g->W, &lo, &hi);
+        lo = lo > x0 ? lo : x0;
+        hi = hi < x0 + n ? hi : x0 + n;
+        if (lo < hi) {
+            mt_q8_mac_row(acc + (lo - x0), irow + lo * g->sw + off, g->sw, wr[kx], zp, hi - lo);
+        }
+    }
+}
+
+/* y[j] = the int8 output of the sum acc[j], j < n */
+MT_INLINE void mt_q8_store_row(int8_t *y, const int32_t *acc, int32_t n, int32_t mult, int32_t shift, int32_t zp,
+    int32_t lo, int32_t hi) {
+    for (int32_t j = 0; j < n; j++) {
+        y[j] = mt_q8_out(mt_q8_requant(acc[j], mult, shift), zp, lo, hi);
+    }
 }
 
 /* ---- quantization records (mt_quant.c) ---- */

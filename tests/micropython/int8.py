@@ -9,8 +9,11 @@
 #   PLAN_INFER_F  the same with float32 input (QUANTIZE first)
 #   PLAN_TRAIN    int8 backbone, float32 last layer trained, uint8 input
 #   PLAN_THROUGH  first conv and last layer float32 and trained, int8 between them
+#   PLAN_PWDW     a MobileNetV2-style block, int8, its 1x1 expansion streamed into its 5x5
+#                 stride-2 depthwise conv (PWDW_Q8); PLAN_PWDW_TRAIN the same, last two layers trained
 #   N, XQ, X, Y   N samples as uint8 pixels and as float32, labels
-#   HOST_PRED, HOST_PRED_F, HOST_LOSSES, HOST_PARAMS, HOST_LOSSES_THROUGH, HOST_PARAMS_THROUGH
+#   HOST_PRED, HOST_PRED_F, HOST_LOSSES, HOST_PARAMS, HOST_LOSSES_THROUGH, HOST_PARAMS_THROUGH,
+#   HOST_PRED_PWDW, HOST_LOSSES_PWDW, HOST_PARAMS_PWDW
 
 
 def predictions(t, xs, n_in, out):
@@ -43,17 +46,22 @@ print("float input", t.info()["input_dtype"])
 xf = memoryview(array("f", X))
 print("quantized on the device, bit-exact", same(predictions(t, xf, n_in, out), array("f", HOST_PRED_F)))
 
-t = microtrain.Trainer(PLAN_TRAIN)
-losses = array("f", [0.0] * STEPS)
-for i in range(STEPS):
-    k = i % N
-    losses[i] = t.step(xq[k * n_in:(k + 1) * n_in], Y[k])
-check("int8 backbone: losses match the host", worst(losses, array("f", HOST_LOSSES)))
-check_params(t.params(), HOST_PARAMS)
 
-t = microtrain.Trainer(PLAN_THROUGH)
-for i in range(STEPS):
-    k = i % N
-    losses[i] = t.step(xf[k * n_in:(k + 1) * n_in], Y[k])
-check("through int8 layers: losses match the host", worst(losses, array("f", HOST_LOSSES_THROUGH)))
-check_params(t.params(), HOST_PARAMS_THROUGH)
+def train_and_compare(plan, xs, what, host_losses, host_params):
+    t = microtrain.Trainer(plan)
+    losses = array("f", [0.0] * STEPS)
+    for i in range(STEPS):
+        k = i % N
+        losses[i] = t.step(xs[k * n_in:(k + 1) * n_in], Y[k])
+    check(what, worst(losses, array("f", host_losses)))
+    check_params(t.params(), host_params)
+
+
+train_and_compare(PLAN_TRAIN, xq, "int8 backbone: losses match the host", HOST_LOSSES, HOST_PARAMS)
+train_and_compare(PLAN_THROUGH, xf, "through int8 layers: losses match the host", HOST_LOSSES_THROUGH,
+                  HOST_PARAMS_THROUGH)
+
+t = microtrain.Trainer(PLAN_PWDW)
+print("streamed expansion, bit-exact", same(predictions(t, xf, n_in, out), array("f", HOST_PRED_PWDW)))
+train_and_compare(PLAN_PWDW_TRAIN, xf, "on a streamed expansion: losses match the host", HOST_LOSSES_PWDW,
+                  HOST_PARAMS_PWDW)
