@@ -52,6 +52,7 @@ def bad_cases(d, x, y):
     v2[F.header_offsets()["crc32"]:F.header_offsets()["crc32"] + 4] = struct.pack("<I", zlib.crc32(bytes(v2[16:])))
     (d / "v2.mtp").write_bytes(bytes(v2))
     (d / "text.npz").write_text("x,y\n1,2\n")
+    (d / "zero_bytes.npz").write_bytes(b"")
     np.save(d / "x.npy", x)
     labels = y.copy()
     labels[17] = 12
@@ -68,6 +69,8 @@ def bad_cases(d, x, y):
          r"y\[0\] = -?[0-9.]+ is not a class label.*compile with --loss mse"),
         ("zero samples", ["simulate", ce, "--data", npz("empty.npz", x=x[:0], y=y[:0])], r"x has no samples"),
         ("a non-npz file", ["simulate", ce, "--data", d / "text.npz"], r"--data .*text.npz is not an .npz archive"),
+        ("an empty file", ["simulate", ce, "--data", d / "zero_bytes.npz"],
+         r"--data .*zero_bytes.npz is not an .npz archive"),
         (".npy as --data", ["simulate", ce, "--data", d / "x.npy"],
          r"--data .*x.npy is a single .npy array, not an .npz archive.*np.savez"),
         ("label out of range", ["simulate", ce, "--data", npz("labels.npz", x=x, y=labels)],

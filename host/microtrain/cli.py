@@ -163,7 +163,7 @@ def load_npz(path, option):
         d = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise ValueError("%s %s: no such file" % (option, path)) from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError) as e:   # EOFError: an empty file
         raise ValueError("%s %s is not an .npz archive; write one with np.savez(%r, x=..., y=...)"
                          % (option, path, path)) from e
     if not hasattr(d, "files"):
