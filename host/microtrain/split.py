@@ -6,8 +6,9 @@ pointwise1 schemes, schemes.py) is rewritten, before the training plan is built,
     y = conv(x, W_frozen) + b  +  conv(gather(x, S), W[:, S])      (the sum: CONV2D_ACC, in place)
 
 W_frozen ("W@frozen") is W with the channels S zeroed, a constant (flash on a board); W[:, S]
-is a new trainable parameter ("W@trained"), in RAM with its optimizer state; gather copies the channels S of x (whose copy is then what the weight gradient reads,
-instead of all of x). The input gradient is the sum of both convolutions' (the frozen one
+is a new trainable parameter ("W@trained"), in RAM with its optimizer state; gather copies the
+channels S of x (whose copy is then what the weight gradient reads, instead of all of x). The
+input gradient is the sum of both convolutions' (the frozen one
 sees zeros where the slice trains), so the arithmetic is that of the original layer with the
 frozen channels held. Export and Plan.onnx_params() put the slice back into the full weight.
 
