@@ -280,7 +280,6 @@ class Builder:
                 last[rs] = max(last.get(rs, -1), last.pop(ro, -1))
                 break
 
-
     def depthwise_in_place(self, last):
         """A depthwise CONV2D whose input nothing reads after it (its weight frozen, and the input's
         producer's backward reading a mask or nothing) becomes CONV2D_DW_INPLACE, with one input
