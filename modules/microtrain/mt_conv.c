@@ -584,9 +584,11 @@ static uint32_t conv_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
     return sizeof(conv_rec_t);
 }
 
-/* y = b + conv(x, w), or with acc (CONV2D_ACC) y = acc + conv(x, w); acc may be y itself */
+/* y = b + conv(x, w), or with acc (CONV2D_ACC) y = acc + conv(x, w); acc may be y itself. With
+ * scratch (CONV2D_DW_INPLACE: depthwise, not KIND_POINTWISE) each input plane is copied there
+ * before its output plane is written, so y may be x itself. */
 static void conv_forward(const conv_geom_t *g, uint8_t kind, const float *x, const float *w, const float *b,
-    const float *acc, float *y) {
+    const float *acc, float *scratch, float *y) {
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
     if (kind == KIND_POINTWISE) {
         for (uint32_t gi = 0; gi < g->G; gi++) {
@@ -598,6 +600,11 @@ static void conv_forward(const conv_geom_t *g, uint8_t kind, const float *x, con
     pass_t p;
     pass_of(g, &p);
     for (uint32_t o = 0; o < g->O; o++) {
+        const float *xg = x + (o / g->Og) * g->Cg * plane;
+        if (scratch != NULL) {
+            memcpy(scratch, xg, plane * sizeof(float));
+            xg = scratch;
+        }
         float *yo = y + o * oplane;
         if (acc != NULL) {   /* acc is y itself or overlaps it nowhere (the load-time alias check) */
             if (acc != y) {
@@ -609,7 +616,6 @@ static void conv_forward(const conv_geom_t *g, uint8_t kind, const float *x, con
                 yo[i] = init;
             }
         }
-        const float *xg = x + (o / g->Og) * g->Cg * plane;
         for (uint32_t c = 0; c < g->Cg; c++) {
             const float *k = w + (o * g->Cg + c) * taps;
             if (kind == KIND_K3) {
@@ -623,7 +629,8 @@ static void conv_forward(const conv_geom_t *g, uint8_t kind, const float *x, con
 
 static int conv_run(mt_ctx_t *ctx, const void *rec) {
     const conv_rec_t *r = rec;
-    conv_forward(&r->g, r->h.kind, MT_F32(ctx, r->x), MT_F32(ctx, r->w), MT_F32(ctx, r->b), NULL, MT_F32(ctx, r->y));
+    conv_forward(&r->g, r->h.kind, MT_F32(ctx, r->x), MT_F32(ctx, r->w), MT_F32(ctx, r->b), NULL, NULL,
+        MT_F32(ctx, r->y));
     return MT_OK;
 }
 
@@ -655,7 +662,8 @@ static uint32_t conv_acc_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *r
 
 static int conv_acc_run(mt_ctx_t *ctx, const void *rec) {
     const conv_rec_t *r = rec;
-    conv_forward(&r->g, r->h.kind, MT_F32(ctx, r->x), MT_F32(ctx, r->w), NULL, MT_F32(ctx, r->b), MT_F32(ctx, r->y));
+    conv_forward(&r->g, r->h.kind, MT_F32(ctx, r->x), MT_F32(ctx, r->w), NULL, MT_F32(ctx, r->b), NULL,
+        MT_F32(ctx, r->y));
     return MT_OK;
 }
 
@@ -703,25 +711,8 @@ static uint32_t conv_dw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *re
 
 static int conv_dw_run(mt_ctx_t *ctx, const void *rec) {
     const conv_dw_rec_t *r = rec;
-    const conv_geom_t *g = &r->g;
-    const float *x = MT_F32(ctx, r->x), *w = MT_F32(ctx, r->w), *b = MT_F32(ctx, r->b);
-    float *s = MT_F32(ctx, r->s), *y = MT_F32(ctx, r->y);
-    const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
-    pass_t p;
-    pass_of(g, &p);
-    for (uint32_t o = 0; o < g->O; o++) {
-        memcpy(s, x + o * plane, plane * sizeof(float));
-        float *yo = y + o * oplane;
-        const float init = b != NULL ? b[o] : 0.0f;
-        for (size_t i = 0; i < oplane; i++) {
-            yo[i] = init;
-        }
-        if (r->h.kind == KIND_K3) {
-            pass_gather_k3(&p, s, yo, w + o * taps);
-        } else {
-            pass_gather(&p, s, yo, w + o * taps, g->KW, 1);
-        }
-    }
+    conv_forward(&r->g, r->h.kind, MT_F32(ctx, r->x), MT_F32(ctx, r->w), MT_F32(ctx, r->b), NULL, MT_F32(ctx, r->s),
+        MT_F32(ctx, r->y));
     return MT_OK;
 }
 
