@@ -233,14 +233,16 @@ def seeds():
         "mbconv_bias_saved_int8": c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8"),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
-        # channel-sparse: c1 and pw train on some input channels (GATHER_CH, SCATTER_CH), dw on some
-        # of its channels (ranged gradient ops)
+        # channel-sparse: c1 and pw train on some input channels, dw on some of its channels
+        # (GATHER_CH, SCATTER_ACC_CH)
         "cnn_channel_sparse": c(cnn(seed=7, hw=6, n_out=3), lr=0.05, momentum=0.9, update={
             "classifier": "full", "bias_updates": [{"initializer": "dw.bias"}],
             "weight_updates": [{"initializer": "c1.weight", "channel_axis": 1, "selected_channels": [1]},
                                {"initializer": "dw.weight", "channel_axis": 0, "selected_channels": [0, 2, 3]},
                                {"initializer": "pw.weight", "channel_axis": 1, "selected_channels": [3, 0]}]}),
     }
+    # a split conv behind a view: its gathered channels' gradient through SCATTER_CH and ADD
+    out["split_behind_view"] = c(models.conv_view_conv(), update=models.SPLIT_VIEW_SCHEME, lr=0.05)
     out["masks_bits_mom"] = c(masked(), update=["c.weight", "c.bias"], lr=0.05, momentum=0.9, saved="bits")
     out.update(int8_seeds(c))
     return out

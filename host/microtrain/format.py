@@ -274,6 +274,10 @@ OPS = (
     # y = acc + conv(x, w) (no bias): the trained input channels of a split weight (split.py)
     # added to the frozen part's output, in its memory
     OpSpec("CONV2D_ACC", 60, _s("x w acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),
+    # y = acc with t's K channels added into channels idx of it (y[idx[k]] += t[k]), in acc's
+    # memory: a depthwise weight trained on channels idx (split.py) adds its trained convolution
+    # to the frozen one's output, and a gathered input's gradient joins the frozen one's
+    OpSpec("SCATTER_ACC_CH", 71, _s("t idx:I32 acc y:out"), (), inplace=(("y", "acc"),)),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them

@@ -663,7 +663,14 @@
 #define MT_CONV2D_ACC_A_DIL_H 6
 #define MT_CONV2D_ACC_A_DIL_W 7
 #define MT_CONV2D_ACC_A_GROUPS 8
-#define MT_OP_MAX 60
+#define MT_OP_SCATTER_ACC_CH 71
+#define MT_SCATTER_ACC_CH_NSLOTS 4
+#define MT_SCATTER_ACC_CH_NATTRS 0
+#define MT_SCATTER_ACC_CH_T 0
+#define MT_SCATTER_ACC_CH_IDX 1
+#define MT_SCATTER_ACC_CH_ACC 2
+#define MT_SCATTER_ACC_CH_Y 3
+#define MT_OP_MAX 71
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -714,7 +721,8 @@
     X(SCATTER_CH) \
     X(CONV2D_DW_INPLACE) \
     X(CONV2D_BWD_INPUT_DW_INPLACE) \
-    X(CONV2D_ACC)
+    X(CONV2D_ACC) \
+    X(SCATTER_ACC_CH)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -805,6 +813,17 @@
     {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC */ \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* SCATTER_ACC_CH */ \
 }
 
 /* error codes */
