@@ -188,7 +188,9 @@ def masked(seed=9):
 
 def int8_seeds(c):
     """int8 plans of int8_net (docs/quantization.md): trained through every frozen int8 layer, and
-    an int8 prefix with uint8 input ahead of a float last layer; int8_block's streamed expansion."""
+    an int8 prefix with uint8 input ahead of a float last layer; int8_block streamed: the expansion,
+    depthwise and projection as one op (CONV_DW_PW_Q8), and the expansion into the depthwise alone
+    (PWDW_Q8)."""
     calib = np.random.default_rng(0).normal(0, 1, (16, 1, 6, 6)).astype(np.float32)
     q = dict(quantize="int8", calibration=calib)
     return {
@@ -196,7 +198,9 @@ def int8_seeds(c):
                                  int8_scope="frozen", **q),
         "int8_prefix_uint8_input": c(int8_net(seed=8), update="last-layer", lr=0.05, momentum=0.9,
                                      input_dtype="uint8", input_quant=(1 / 255, 0), **q),
-        "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8",
+        "int8_streamed_block": c(int8_block(), update="last-layer", lr=0.05, quantize="int8",
+                                 calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
+        "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8", int8_fuse="pwdw",
                                      calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
     }
 

@@ -333,8 +333,9 @@ def parser():
                    help="prefix: int8 up to the first trainable layer; frozen: every frozen layer int8, gradients "
                    "pass through them")
     c.add_argument("--no-int8-fuse", dest="int8_fuse", action="store_false",
-                   help="keep each frozen int8 1x1 conv and the depthwise conv after it two ops (by default they "
-                   "run as one PWDW_Q8 op that never stores the expanded tensor: the same numbers, less RAM)")
+                   help="keep every frozen int8 conv an op of its own (by default a conv, depthwise conv and 1x1 "
+                   "conv run as one CONV_DW_PW_Q8 op, a 1x1 conv and depthwise conv as one PWDW_Q8 op, which "
+                   "never store the tensors between them: the same numbers, less RAM)")
     c.set_defaults(func=_compile)
     rf = sub.add_parser("romfs", help="a ROMFS image of plans for the board's flash (mpremote romfs deploy)",
                         formatter_class=fmt, description="A ROMFS image holding plans (and any other files) with "

@@ -84,8 +84,11 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     reads only for its mask as 1 bit per element (MASK_PACK, MASK_BWD), gradients exactly those of
     "float32" (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
     of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen).
-    int8_fuse: stream each frozen int8 1x1 conv into the depthwise conv that alone reads it (PWDW_Q8,
-    bit-identical; the expanded tensor is never stored); False keeps them two ops.
+    int8_fuse: True streams frozen int8 convs so that their large tensors are never stored, with the
+    same integers (q8_fuse.py): a conv, the depthwise conv that alone reads it and the 1x1 conv that
+    alone reads that, row by row (CONV_DW_PW_Q8: a stem and its first block, an inverted-residual
+    block), else a 1x1 conv into the depthwise conv that alone reads it (PWDW_Q8); "pwdw" only the
+    latter; False keeps every conv an op of its own.
     """
     if budget is not None:   # choose what trains (budget.py), then the plan of that choice
         from .budget import choose
@@ -95,8 +98,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                       planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
                       input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
                       int8_fuse=int8_fuse)[1]
-    if int8_fuse not in (True, False):
-        raise ValueError("int8_fuse must be True or False, got %r" % (int8_fuse,))
+    if int8_fuse not in (True, False, "pwdw"):
+        raise ValueError("int8_fuse must be True, False or \"pwdw\", got %r" % (int8_fuse,))
     if saved not in SAVED:
         raise ValueError("unknown saved %r; use one of %s" % (saved, ", ".join(SAVED)))
     if loss not in LOSSES:
