@@ -290,3 +290,24 @@ def test_filters_larger_than_the_buffer_are_refused_and_stay_float():
                   TTensor("y", (1, 2, 2, 2)), attrs)
     from microtrain.w8 import MAX_TAPS
     assert MAX_TAPS == 64
+
+
+def test_mutated_w8_plans_are_refused_or_run_inside_their_ram(paths, tmp_path):
+    """The op list and the quantization table of a W8 plan mutated byte by byte (CRC fixed), as
+    tests/test_bad_input.py does for a float plan: each is refused at load, or loads and trains
+    without writing outside its RAM (a subprocess, so a crash fails the test)."""
+    import subprocess
+    import sys
+    from test_bad_input import FUZZ
+    _, files = paths
+    plan = microtrain.compile(files["ts13"], update=W8_SCHEME, saved="bits", frozen_weights="int8")
+    path = tmp_path / "w8.mtp"
+    plan.save(str(path))
+    h = plan.header
+    for start, end in ((h["ops_off"], h["ops_off"] + h["ops_bytes"]),
+                       (h["quant_off"], h["quant_off"] + h["n_quant"] * F.QUANT_BYTES)):
+        r = subprocess.run([sys.executable, "-c", FUZZ, str(path), str(start), str(end), "3"], capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, "crash or guard violation (rc %d): %s" % (r.returncode, r.stderr[-2000:])
+        refused, ran = map(int, r.stdout.split())
+        assert refused > 0, (start, end, refused, ran)
