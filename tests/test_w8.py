@@ -311,3 +311,22 @@ def test_mutated_w8_plans_are_refused_or_run_inside_their_ram(paths, tmp_path):
         assert r.returncode == 0, "crash or guard violation (rc %d): %s" % (r.returncode, r.stderr[-2000:])
         refused, ran = map(int, r.stdout.split())
         assert refused > 0, (start, end, refused, ran)
+
+
+def test_cli_option(paths, tmp_path):
+    """microtrain compile --frozen-weights int8 gives the plan compile(frozen_weights="int8") gives."""
+    import json
+    import subprocess
+    import sys
+    _, files = paths
+    scheme = tmp_path / "scheme.json"
+    scheme.write_text(json.dumps(W8_SCHEME))
+    for fw in ("int8", "float32"):
+        out = tmp_path / ("%s.mtp" % fw)
+        r = subprocess.run([sys.executable, "-m", "microtrain", "compile", files["ts13"], "-o", str(out), "--update",
+                            str(scheme), "--frozen-weights", fw], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        want = microtrain.compile(files["ts13"], update=str(scheme), frozen_weights=fw)
+        assert out.read_bytes() == want.data, fw
+    assert Plan(out.read_bytes()).meta["w8"] == [] and want.meta["w8"] == []
+    assert Plan((tmp_path / "int8.mtp").read_bytes()).meta["w8"]
