@@ -330,3 +330,12 @@ def test_cli_option(paths, tmp_path):
         assert out.read_bytes() == want.data, fw
     assert Plan(out.read_bytes()).meta["w8"] == [] and want.meta["w8"] == []
     assert Plan((tmp_path / "int8.mtp").read_bytes()).meta["w8"]
+
+
+def test_report_notes_the_int8_weights(paths):
+    _, files = paths
+    plan = microtrain.compile(files["ts13"], update=W8_SCHEME, frozen_weights="int8")
+    note = [n for n in plan.meta["notes"] if n.startswith("w8:")]
+    w8_bytes = sum(t["bytes"] for t in plan.tensors if t["name"] in plan.meta["w8"])
+    assert note == ["w8: 4 frozen conv weights of float layers stored int8 with per-output-channel scales (%d B), "
+                    "their layers computing in float on the dequantized weights" % w8_bytes]

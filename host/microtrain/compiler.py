@@ -194,6 +194,10 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     if frozen_weights == "int8":   # frozen float conv weights as int8 + per-channel scales (w8.py)
         from .w8 import int8_frozen_weights
         w8 = int8_frozen_weights(tensors, ops)
+        if w8:
+            graph.notes.append("w8: %d frozen conv weights of float layers stored int8 with per-output-channel scales "
+                               "(%d B), their layers computing in float on the dequantized weights"
+                               % (len(w8), sum(t.nbytes for t in tensors if t.name in set(w8))))
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
         raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
                          "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")
