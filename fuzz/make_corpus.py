@@ -242,33 +242,10 @@ def seeds():
                                {"initializer": "pw.weight", "channel_axis": 1, "selected_channels": [3, 0]}]}),
     }
     out["masks_bits_mom"] = c(masked(), update=["c.weight", "c.bias"], lr=0.05, momentum=0.9, saved="bits")
-    # frozen conv weights int8 (w8.py): CONV2D_W8, the depthwise in place and its input gradient, CONV2D_BWD_INPUT_Q8
+    # frozen conv weights int8 (w8.py): CONV2D_W8, the depthwise in place and the input gradients
     out["mbconv_bias_w8"] = c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8", frozen_weights="int8")
-    out["conv_acc_w8"] = conv_acc_w8()
     out.update(int8_seeds(c))
     return out
-
-
-def conv_acc_w8():
-    """CONV2D_ACC_W8 alone (the compiler adds a split weight's trained slice, a parameter, with
-    CONV2D_ACC, so no compiled plan reaches it): y = acc + conv(x, int8 w), 3x3, 3 -> 4 channels."""
-    from microtrain.ir import Quant
-    from microtrain.memory import assign_memory
-    from microtrain.plan import Plan, write_plan
-    from microtrain.training import TOp, TTensor
-    rng = np.random.default_rng(3)
-    const = lambda name, v, dtype="F32", quant=None: TTensor(name, v.shape, dtype, "CONST", data=v, quant=quant)  # noqa
-    tensors = [TTensor("x", (1, 3, 5, 5), flags=F.TFLAGS["INPUT"]),
-               const("w", rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8), "I8",
-                     Quant(rng.uniform(0.01, 0.1, 4), np.zeros(4, np.int32), 0)),
-               const("acc", rng.normal(size=(1, 4, 5, 5)).astype(np.float32)),
-               TTensor("y", (1, 4, 5, 5), flags=F.TFLAGS["OUTPUT"]),
-               TTensor("target", (1,), "I32", flags=F.TFLAGS["TARGET"])]
-    ops = [TOp("CONV2D_ACC_W8", "FORWARD", [0, 1, 2, 3], [1, 1, 1, 1, 1, 1, 1, 1, 1])]
-    arena, state, naive, _, blobs, size, quants = assign_memory(tensors, ops, (0, 4), "greedy")
-    return Plan(write_plan(tensors, ops, arena=arena, state=state, naive=naive, blobs=blobs, data_size=size,
-                           io=(0, 4, 3), loss="cross-entropy", batch=1, lr=0.0, momentum=0.0, weight_decay=0.0,
-                           macs=0, meta={}, quants=quants, input_dtype="F32"))
 
 
 def op_codes(plan):

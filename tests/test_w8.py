@@ -9,9 +9,9 @@ per output channel, and its layer computes in float32 on W' = float32(q) * scale
   (max |w| / 127 per output channel, round half to even), trains as the plan does within 1e-4;
   the frozen parts the plan reports are those values bit for bit; onnxruntime runs the exported
   model as the simulator does.
-* Each W8 op, alone in a plan, gives the bits of its float op on the dequantized weight, over
-  1x1 (chunks of input channels and pairs of output channels), 3x3, strided 5x5, grouped,
-  depthwise and 8x8 geometries.
+* Each W8 op, alone in a plan, gives the bits of its float op on the dequantized weight (and
+  PyTorch's result within float32 rounding), over 1x1 (chunks of input or output channels, pairs
+  of channels), 3x3, strided 5x5, dilated, grouped, depthwise and 8x8 geometries.
 * An int8 weight without one scale per output channel is refused at load, naming the problem.
 """
 from __future__ import annotations
@@ -92,8 +92,10 @@ def test_training_matches_pytorch_on_the_dequantized_model(paths, exporter, tmp_
         t = plan.tensors[plan.tensor_index(w)]
         assert t["dtype"] == "I8" and t["storage"] == "CONST" and t["quant"].scale.shape == (t["shape"][0],)
     got_ops = set(ops(plan))
-    assert {"CONV2D_W8", "CONV2D_DW_INPLACE_W8", "CONV2D_BWD_INPUT_DW_INPLACE_W8", "CONV2D_BWD_INPUT_Q8"} <= got_ops
+    assert {"CONV2D_W8", "CONV2D_DW_INPLACE_W8", "CONV2D_BWD_INPUT_DW_INPLACE_W8", "CONV2D_BWD_INPUT_W8"} <= got_ops
     assert not {"CONV2D", "CONV2D_DW_INPLACE", "CONV2D_BWD_INPUT_DW_INPLACE"} & got_ops   # no float frozen weight left
+    # the float CONV2D_BWD_INPUT left: only the trained slices' (parameters)
+    assert all(plan.tensors[o["slots"][1]]["storage"] == "STATE" for o in plan.ops if o["op"] == "CONV2D_BWD_INPUT")
     float_plan = microtrain.compile(files[exporter], update=W8_SCHEME, lr=lr, momentum=momentum, saved="bits")
     assert plan.report()["const_bytes"] < float_plan.report()["const_bytes"] / 3
     assert plan.report()["arena_bytes"] == float_plan.report()["arena_bytes"]
@@ -180,6 +182,7 @@ def extent(n, k, s, p, d):
 # name: (C, O, H, W, k, stride, pad, dil, groups)
 GEOMETRIES = {
     "1x1 wide": (70, 5, 4, 7, 1, 1, 0, 1, 1),   # chunks of 32 input channels, pairs of outputs and one alone
+    "1x1 tall": (5, 70, 3, 5, 1, 1, 0, 1, 1),   # the input gradient: chunks of 32 output channels
     "1x1 grouped": (12, 6, 5, 5, 1, 1, 0, 1, 3),
     "1x1 strided": (9, 4, 6, 6, 1, 2, 0, 1, 1),
     "3x3": (10, 4, 6, 7, 3, 1, 1, 1, 1),        # chunks of 7 input channels
@@ -226,17 +229,19 @@ def test_conv2d_w8_is_conv2d_on_the_dequantized_weight(geometry, bias):
     assert np.abs(got.reshape(t.shape) - t).max() <= 1e-5 * max(1.0, np.abs(t).max())
 
 
-@pytest.mark.parametrize("geometry", ["1x1 wide", "3x3", "5x5 s2", "3x3 d2 grouped", "8x8"])
-def test_conv2d_acc_w8_is_conv2d_acc_on_the_dequantized_weight(geometry):
+@pytest.mark.parametrize("geometry", sorted(GEOMETRIES))
+def test_conv2d_bwd_input_w8_is_conv2d_bwd_input_on_the_dequantized_weight(geometry):
+    """dy (output-shaped) in, dx (input-shaped) out; and PyTorch's input gradient within float32 rounding."""
     rng, q, quant, wf, attrs, xs, ys = conv_case(geometry, seed=1)
-    acc = rng.normal(size=ys).astype(np.float32)
-    plans = [single_op(op, [TTensor("x", xs), const("w", w, dt, qu), const("acc", acc)], TTensor("y", ys), attrs)
-             for op, w, dt, qu in (("CONV2D_ACC", wf, "F32", None), ("CONV2D_ACC_W8", q, "I8", quant))]
-    x = rng.normal(size=xs).astype(np.float32)
-    want, got = run(plans[0], x)[0], run(plans[1], x)[0]
-    assert np.array_equal(got.view(np.int32), want.view(np.int32))
-    assert not np.array_equal(got, run(single_op("CONV2D", [TTensor("x", xs), const("w", wf), None], TTensor("y", ys),
-                                                 attrs), x)[0])   # acc was added
+    plans = [single_op(op, [TTensor("dy", ys), const("w", w, dt, qu)], TTensor("dx", xs), attrs)
+             for op, w, dt, qu in (("CONV2D_BWD_INPUT", wf, "F32", None), ("CONV2D_BWD_INPUT_W8", q, "I8", quant))]
+    dy = rng.normal(size=ys).astype(np.float32)
+    want, got = run(plans[0], dy)[0], run(plans[1], dy)[0]
+    assert np.array_equal(got.view(np.int32), want.view(np.int32)), geometry
+    xt = torch.zeros(xs, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.conv2d(xt, torch.from_numpy(wf).double(), stride=attrs[0], padding=attrs[2],
+                               dilation=attrs[6], groups=attrs[8]).backward(torch.from_numpy(dy).double())
+    assert np.abs(got.reshape(xs) - xt.grad.numpy()).max() <= 1e-5 * max(1.0, np.abs(xt.grad.numpy()).max())
 
 
 @pytest.mark.parametrize("geometry", ["depthwise 3x3", "depthwise 5x5 s2", "depthwise 5x5 d2"])

@@ -276,11 +276,11 @@ OPS = (
     OpSpec("CONV2D_ACC", 60, _s("x w acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),
     # float activations with a frozen int8 weight (compile(frozen_weights="int8"), w8.py): the
     # weight's quantization record gives one scale per output channel (axis 0, zero points 0), and
-    # each runs as the float op above on W' = float32(q) * scale[o], bit for bit; the input gradient
-    # of a whole conv is CONV2D_BWD_INPUT_Q8. Filters of at most 64 taps (mt_conv.c, MT_W8_BUF)
+    # each runs as the float op above on W' = float32(q) * scale[o], bit for bit. Filters of at most
+    # 64 taps (mt_conv.c, MT_W8_BUF)
     OpSpec("CONV2D_W8", 61, _s("x w:I8 b? y:out"), CONV_ATTRS),
     OpSpec("CONV2D_DW_INPLACE_W8", 62, _s("x w:I8 b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
-    OpSpec("CONV2D_ACC_W8", 63, _s("x w:I8 acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),
+    OpSpec("CONV2D_BWD_INPUT_W8", 63, _s("dy w:I8 dx:out"), CONV_ATTRS),
     OpSpec("CONV2D_BWD_INPUT_DW_INPLACE_W8", 64, _s("dy w:I8 s:out dx:out"), CONV_ATTRS, inplace=(("dx", "dy"),)),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
