@@ -248,6 +248,8 @@ def seeds():
     # a split conv behind a view: its gathered channels' gradient through SCATTER_CH and ADD
     out["split_behind_view"] = c(models.conv_view_conv(), update=models.SPLIT_VIEW_SCHEME, lr=0.05)
     out["masks_bits_mom"] = c(masked(), update=["c.weight", "c.bias"], lr=0.05, momentum=0.9, saved="bits")
+    # frozen conv weights int8 (w8.py): CONV2D_W8, the depthwise in place and the input gradients
+    out["mbconv_bias_w8"] = c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8", frozen_weights="int8")
     out.update(int8_seeds(c))
     return out
 

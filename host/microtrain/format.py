@@ -290,6 +290,14 @@ OPS = (
     OpSpec("CONV_DW_PW_Q8", 72, _s("x:I8 w0:I8 b0:I32? mult0:I32 shift0:I32 w1:I8 b1:I32? mult1:I32 shift1:I32 "
                                    "w:I8 b:I32? mult:I32 shift:I32 ring:out:I8 row:out:I8 y:out:I8"),
            CONV_ATTRS + DW_ATTRS + ("act_min0", "act_max0", "act_min1", "act_max1") + Q8_CLAMP),
+    # float activations with a frozen int8 weight (compile(frozen_weights="int8"), w8.py): the
+    # weight's quantization record gives one scale per output channel (axis 0, zero points 0), and
+    # each runs as the float op above on W' = float32(q) * scale[o], bit for bit. Filters of at most
+    # 64 taps (mt_conv.c, MT_W8_BUF)
+    OpSpec("CONV2D_W8", 61, _s("x w:I8 b? y:out"), CONV_ATTRS),
+    OpSpec("CONV2D_DW_INPLACE_W8", 62, _s("x w:I8 b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
+    OpSpec("CONV2D_BWD_INPUT_W8", 63, _s("dy w:I8 dx:out"), CONV_ATTRS),
+    OpSpec("CONV2D_BWD_INPUT_DW_INPLACE_W8", 64, _s("dy w:I8 s:out dx:out"), CONV_ATTRS, inplace=(("dx", "dy"),)),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them
@@ -338,6 +346,8 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("STATE_PLAN", "state blob was saved with a different plan"),
     ("CHANGED", "plan bytes changed between mt_load and mt_attach"),
     ("GRAD", "gradient is not finite; parameters were not updated"),
+    ("W8_SCALES", "an int8 weight of a float op needs one scale per output channel (a per-channel quantization "
+                  "record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan"),
 )
 
 

@@ -120,7 +120,7 @@ def merge(plan, params):
     for w, s in plan.meta.get("split", {}).items():
         if s["slice"] not in out:
             continue
-        full = plan.constant(s["frozen"]).reshape(s["shape"]).copy()
+        full = plan.weight(s["frozen"]).reshape(s["shape"]).copy()   # dequantized if stored int8 (w8.py)
         part = np.asarray(out.pop(s["slice"]), np.float32)
         sel = (s["channels"],) if s["axis"] == 0 else (slice(None), s["channels"])
         full[sel] = part.reshape(full[sel].shape)

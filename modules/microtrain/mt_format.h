@@ -712,6 +712,70 @@
 #define MT_CONV_DW_PW_Q8_A_ACT_MAX1 20
 #define MT_CONV_DW_PW_Q8_A_ACT_MIN 21
 #define MT_CONV_DW_PW_Q8_A_ACT_MAX 22
+#define MT_OP_CONV2D_W8 61
+#define MT_CONV2D_W8_NSLOTS 4
+#define MT_CONV2D_W8_NATTRS 9
+#define MT_CONV2D_W8_X 0
+#define MT_CONV2D_W8_W 1
+#define MT_CONV2D_W8_B 2
+#define MT_CONV2D_W8_Y 3
+#define MT_CONV2D_W8_A_STRIDE_H 0
+#define MT_CONV2D_W8_A_STRIDE_W 1
+#define MT_CONV2D_W8_A_PAD_T 2
+#define MT_CONV2D_W8_A_PAD_L 3
+#define MT_CONV2D_W8_A_PAD_B 4
+#define MT_CONV2D_W8_A_PAD_R 5
+#define MT_CONV2D_W8_A_DIL_H 6
+#define MT_CONV2D_W8_A_DIL_W 7
+#define MT_CONV2D_W8_A_GROUPS 8
+#define MT_OP_CONV2D_DW_INPLACE_W8 62
+#define MT_CONV2D_DW_INPLACE_W8_NSLOTS 5
+#define MT_CONV2D_DW_INPLACE_W8_NATTRS 9
+#define MT_CONV2D_DW_INPLACE_W8_X 0
+#define MT_CONV2D_DW_INPLACE_W8_W 1
+#define MT_CONV2D_DW_INPLACE_W8_B 2
+#define MT_CONV2D_DW_INPLACE_W8_S 3
+#define MT_CONV2D_DW_INPLACE_W8_Y 4
+#define MT_CONV2D_DW_INPLACE_W8_A_STRIDE_H 0
+#define MT_CONV2D_DW_INPLACE_W8_A_STRIDE_W 1
+#define MT_CONV2D_DW_INPLACE_W8_A_PAD_T 2
+#define MT_CONV2D_DW_INPLACE_W8_A_PAD_L 3
+#define MT_CONV2D_DW_INPLACE_W8_A_PAD_B 4
+#define MT_CONV2D_DW_INPLACE_W8_A_PAD_R 5
+#define MT_CONV2D_DW_INPLACE_W8_A_DIL_H 6
+#define MT_CONV2D_DW_INPLACE_W8_A_DIL_W 7
+#define MT_CONV2D_DW_INPLACE_W8_A_GROUPS 8
+#define MT_OP_CONV2D_BWD_INPUT_W8 63
+#define MT_CONV2D_BWD_INPUT_W8_NSLOTS 3
+#define MT_CONV2D_BWD_INPUT_W8_NATTRS 9
+#define MT_CONV2D_BWD_INPUT_W8_DY 0
+#define MT_CONV2D_BWD_INPUT_W8_W 1
+#define MT_CONV2D_BWD_INPUT_W8_DX 2
+#define MT_CONV2D_BWD_INPUT_W8_A_STRIDE_H 0
+#define MT_CONV2D_BWD_INPUT_W8_A_STRIDE_W 1
+#define MT_CONV2D_BWD_INPUT_W8_A_PAD_T 2
+#define MT_CONV2D_BWD_INPUT_W8_A_PAD_L 3
+#define MT_CONV2D_BWD_INPUT_W8_A_PAD_B 4
+#define MT_CONV2D_BWD_INPUT_W8_A_PAD_R 5
+#define MT_CONV2D_BWD_INPUT_W8_A_DIL_H 6
+#define MT_CONV2D_BWD_INPUT_W8_A_DIL_W 7
+#define MT_CONV2D_BWD_INPUT_W8_A_GROUPS 8
+#define MT_OP_CONV2D_BWD_INPUT_DW_INPLACE_W8 64
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_NSLOTS 4
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_NATTRS 9
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_DY 0
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_W 1
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_S 2
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_DX 3
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_STRIDE_H 0
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_STRIDE_W 1
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_PAD_T 2
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_PAD_L 3
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_PAD_B 4
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_PAD_R 5
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_DIL_H 6
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_DIL_W 7
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_GROUPS 8
 #define MT_OP_MAX 72
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
@@ -765,7 +829,11 @@
     X(CONV2D_BWD_INPUT_DW_INPLACE) \
     X(CONV2D_ACC) \
     X(SCATTER_ACC_CH) \
-    X(CONV_DW_PW_Q8)
+    X(CONV_DW_PW_Q8) \
+    X(CONV2D_W8) \
+    X(CONV2D_DW_INPLACE_W8) \
+    X(CONV2D_BWD_INPUT_W8) \
+    X(CONV2D_BWD_INPUT_DW_INPLACE_W8)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -856,10 +924,10 @@
     {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_W8 */ \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE_W8 */ \
+    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_W8 */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE_W8 */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
@@ -908,7 +976,8 @@
 #define MT_E_STATE_PLAN 34
 #define MT_E_CHANGED 35
 #define MT_E_GRAD 36
-#define MT_E_COUNT 37
+#define MT_E_W8_SCALES 37
+#define MT_E_COUNT 38
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -947,6 +1016,7 @@
     "state blob is corrupted (bad magic, version, field or CRC)\0" \
     "state blob was saved with a different plan\0" \
     "plan bytes changed between mt_load and mt_attach\0" \
-    "gradient is not finite; parameters were not updated\0"
+    "gradient is not finite; parameters were not updated\0" \
+    "an int8 weight of a float op needs one scale per output channel (a per-channel quantization record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan\0"
 
 #endif /* MT_FORMAT_H */
