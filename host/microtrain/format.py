@@ -274,6 +274,11 @@ OPS = (
     # y = acc + conv(x, w) (no bias): the trained input channels of a split weight (split.py)
     # added to the frozen part's output, in its memory
     OpSpec("CONV2D_ACC", 60, _s("x w acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),
+    # a trained weight stored int8 (compile(trained_weights="int8"), docs/sparse.md): w is an I8
+    # parameter with per-output-channel scales (its quantization record); y = w * scale[channel],
+    # the float copy the float kernels read, made before each use. Its gradient ops' sink
+    # updates the int8 codes: w <- clamp(round_half_even((w*s - lr*g) / s), -127, 127)
+    OpSpec("DEQUANTIZE_W", 65, _s("w:I8 y:out"), ()),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them
@@ -322,6 +327,7 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("STATE_PLAN", "state blob was saved with a different plan"),
     ("CHANGED", "plan bytes changed between mt_load and mt_attach"),
     ("GRAD", "gradient is not finite; parameters were not updated"),
+    ("PARAM_RANGE", "parameter value outside its int8 range (127 times its channel's scale): set a smaller value"),
 )
 
 

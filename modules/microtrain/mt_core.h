@@ -84,10 +84,22 @@ typedef struct {
 /* by op code; NULL for codes no op has (mt_ops.c) */
 extern const mt_opdef_t *const mt_opdefs[MT_OP_MAX + 1];
 
+/* An int8 trained weight (compile(trained_weights="int8"), mt_q8state.c): element e
+ * stands for w[e] * scales[(e / inner) % nch], scales a constant float vector. */
+typedef struct {
+    uint32_t scales, inner, nch;  /* scales: a reference (MT_REF_NONE: a float parameter) */
+} mt_q8w_t;
+
+/* Whether t is an int8 parameter with per-channel scales and no zero points; fills q. */
+int mt_q8w_of(const mt_ctx_t *ctx, const mt_tensor_t *t, mt_q8w_t *q);
+/* round_half_even(v) clamped to [-127, 127]; NaN gives -127 */
+int8_t mt_q8w_round(float v);
+
 /* A trainable parameter, in the context's parameter table. */
 typedef struct {
     uint32_t tensor, state_off, init_off, bytes, n, name;
     uint32_t dim[MT_MAX_DIMS];
+    mt_q8w_t q8;                  /* an int8 parameter's scales (q8.scales MT_REF_NONE for float) */
     uint8_t ndim, dtype, reserved[2];
 } mt_param_rec_t;
 
@@ -101,7 +113,8 @@ typedef struct {
     uint32_t w, m, acc;           /* references; m and acc MT_REF_NONE when absent */
     uint8_t mode;
     uint8_t m_part, acc_part;     /* 1: the buffer holds only the op's trained part (sparse update) */
-    uint8_t reserved;
+    uint8_t q8;                   /* 1: w is int8 with the scales of w_q8 (mt_q8state.c) */
+    mt_q8w_t w_q8;
 } mt_sink_rec_t;
 
 /* part_n: the elements a gradient op trains (w->n unless it trains a channel range); its

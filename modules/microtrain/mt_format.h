@@ -663,7 +663,12 @@
 #define MT_CONV2D_ACC_A_DIL_H 6
 #define MT_CONV2D_ACC_A_DIL_W 7
 #define MT_CONV2D_ACC_A_GROUPS 8
-#define MT_OP_MAX 60
+#define MT_OP_DEQUANTIZE_W 65
+#define MT_DEQUANTIZE_W_NSLOTS 2
+#define MT_DEQUANTIZE_W_NATTRS 0
+#define MT_DEQUANTIZE_W_W 0
+#define MT_DEQUANTIZE_W_Y 1
+#define MT_OP_MAX 65
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -714,7 +719,8 @@
     X(SCATTER_CH) \
     X(CONV2D_DW_INPLACE) \
     X(CONV2D_BWD_INPUT_DW_INPLACE) \
-    X(CONV2D_ACC)
+    X(CONV2D_ACC) \
+    X(DEQUANTIZE_W)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -805,6 +811,11 @@
     {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC */ \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* DEQUANTIZE_W */ \
 }
 
 /* error codes */
@@ -845,7 +856,8 @@
 #define MT_E_STATE_PLAN 34
 #define MT_E_CHANGED 35
 #define MT_E_GRAD 36
-#define MT_E_COUNT 37
+#define MT_E_PARAM_RANGE 37
+#define MT_E_COUNT 38
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -884,6 +896,7 @@
     "state blob is corrupted (bad magic, version, field or CRC)\0" \
     "state blob was saved with a different plan\0" \
     "plan bytes changed between mt_load and mt_attach\0" \
-    "gradient is not finite; parameters were not updated\0"
+    "gradient is not finite; parameters were not updated\0" \
+    "parameter value outside its int8 range (127 times its channel's scale): set a smaller value\0"
 
 #endif /* MT_FORMAT_H */

@@ -4,7 +4,8 @@
  * PyTorch's SGD, element by element: g += wd*w; m = momentum*m + g; w -= lr*m
  * (the momentum buffer starts at zero, so its first value is g, as PyTorch's).
  * Which of those terms exist is fixed when the plan is decoded, so each case is
- * its own loop with no test inside.
+ * its own loop with no test inside. An int8 parameter (mt_q8state.c) takes the same
+ * step on its float value w * s and is rounded back: sink_q8.
  */
 #include "mt_core.h"
 
@@ -16,6 +17,10 @@
 int mt_sink_check(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
     int is_grad_op, uint32_t part_n) {
     int has_m = m->n != 0, has_acc = acc->n != 0, want_m = ctx->momentum > 0.0f;
+    mt_q8w_t q;
+    if (w->dtype != MT_DTYPE_F32 && !mt_q8w_of(ctx, w, &q)) {
+        return 0;
+    }
     int ok = is_grad_op ? (has_acc ? !has_m : ctx->batch == 1 && has_m == want_m) : has_acc && has_m == want_m;
     return ok && (!has_m || ((m->n == w->n || m->n == part_n) && (m->flags & MT_TFLAG_MOMENTUM)))
            && (!has_acc || ((acc->n == w->n || acc->n == part_n) && (acc->flags & MT_TFLAG_GRAD_ACC)));
@@ -30,7 +35,11 @@ void mt_sink_prepare(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_
     s->acc = acc != NULL && acc->n != 0 ? acc->ref : MT_REF_NONE;
     s->m_part = (uint8_t)(has_m && m->n != w->n);
     s->acc_part = (uint8_t)(s->acc != MT_REF_NONE && acc->n != w->n);
-    s->reserved = 0;
+    s->q8 = (uint8_t)mt_q8w_of(ctx, w, &s->w_q8);
+    if (!s->q8) {
+        s->w_q8.scales = MT_REF_NONE;
+        s->w_q8.inner = s->w_q8.nch = 0;
+    }
     s->mode = (uint8_t)(s->acc != MT_REF_NONE ? MT_SINK_ACC
         : has_m ? (has_wd ? MT_SINK_MOM_WD : MT_SINK_MOM) : (has_wd ? MT_SINK_SGD_WD : MT_SINK_SGD));
 }
@@ -171,8 +180,53 @@ MT_INLINE void sink_args(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t a
     a->wd = ctx->weight_decay;
 }
 
+/* An int8 parameter: rows of n elements as mt_sink_outer's (one row for VEC and BATCH),
+ * each element's float step as sink_update's on w * s, then rounded back to int8 with its
+ * channel's scale s. Not unrolled: the channel of each element is looked up. */
+static void sink_q8(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride,
+    uint32_t pat, uint32_t pstride, const float *d, uint32_t rows, const float *v, uint32_t n, float scale) {
+    int8_t *w = (int8_t *)mt_ptr(ctx, s->w);
+    float *m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) : NULL, *acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) : NULL;
+    const float *sc = (const float *)mt_ptr(ctx, s->w_q8.scales);
+    const float lr = ctx->lr, mu = ctx->momentum, wd = ctx->weight_decay;
+    const int mode = s->mode;
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint32_t e0 = at + r * stride, p0 = pat + r * pstride;
+        const uint32_t m0 = s->m_part ? p0 : e0, a0 = s->acc_part ? p0 : e0;
+        for (uint32_t k = 0; k < n; k++) {
+            float g;
+            if (form == FORM_OUTER) {
+                g = d[r] * v[k];
+            } else if (form == FORM_VEC) {
+                g = v[k];
+            } else {
+                g = v[k] * scale;
+                acc[a0 + k] = 0.0f;
+            }
+            if (mode == MT_SINK_ACC) {
+                acc[a0 + k] += g;
+                continue;
+            }
+            const uint32_t e = e0 + k;
+            const float sv = sc[(e / s->w_q8.inner) % s->w_q8.nch], wf = (float)w[e] * sv;
+            if (mode == MT_SINK_SGD_WD || mode == MT_SINK_MOM_WD) {
+                g = g + wd * wf;
+            }
+            if (mode == MT_SINK_MOM || mode == MT_SINK_MOM_WD) {
+                g = mu * m[m0 + k] + g;
+                m[m0 + k] = g;
+            }
+            w[e] = mt_q8w_round((wf - lr * g) / sv);
+        }
+    }
+}
+
 MT_INLINE void sink_dispatch(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at,
     uint32_t pat, const float *v, float d, uint32_t n, float scale) {
+    if (s->q8) {
+        sink_q8(form, ctx, s, at, 0, pat, 0, &d, 1, v, n, scale);
+        return;
+    }
     sink_args_t a;
     sink_args(ctx, s, at, pat, &a);
     a.v = v;
@@ -194,6 +248,10 @@ void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint3
 
 void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, uint32_t pat,
     uint32_t pstride, const float *d, uint32_t rows, const float *v, uint32_t n) {
+    if (s->q8) {
+        sink_q8(FORM_OUTER, ctx, s, at, stride, pat, pstride, d, rows, v, n, 1.0f);
+        return;
+    }
     sink_args_t a;
     sink_args(ctx, s, at, pat, &a);
     a.v = v;
