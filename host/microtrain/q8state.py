@@ -5,10 +5,12 @@ Gemm weight (a whole weight, a channel-sparse one, or a split weight's `W@traine
 an I8 state tensor with one float scale per output channel, fixed here from its initial values:
 scale = max|w| / 127 over the channel (a channel of zeros takes the weight's largest scale,
 2^-7 if the whole weight is 0), codes = clamp(round_half_even(w / scale), -127, 127). Biases
-stay float32. Each op that reads the weight (the forward convolution or Gemm, the input
-gradient) reads a float copy that a DEQUANTIZE_W op makes just before it, so the copy lives in
-the arena for that op only; the weight-gradient ops' sink updates the codes in place
-(mt_optim.c): w <- clamp(round_half_even((w * s - lr * g) / s), -127, 127).
+stay float32. The input gradient reads the int8 weight itself (CONV2D_BWD_INPUT_Q8,
+GEMM_BWD_INPUT_Q8, the kernels of frozen int8 layers); every other op that reads the weight (the
+forward convolution or Gemm, an in-place depthwise input gradient) reads a float copy that a
+DEQUANTIZE_W op makes just before it, so the copy lives in the arena for that op only; the
+weight-gradient ops' sink updates the codes in place (mt_optim.c):
+w <- clamp(round_half_even((w * s - lr * g) / s), -127, 127).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from .training import TTensor
 
 TRAINED_WEIGHTS = ("float32", "int8")
 GEMM_OPS = ("GEMM", "GEMM_BWD_INPUT", "GEMM_BWD_WEIGHT")
+READS_INT8 = {"CONV2D_BWD_INPUT": "CONV2D_BWD_INPUT_Q8", "GEMM_BWD_INPUT": "GEMM_BWD_INPUT_Q8"}   # same slots
 ZERO_WEIGHT_SCALE = 2.0 ** -7
 
 
@@ -68,9 +71,11 @@ def store_int8(tensors, ops):
         t.quant = Quant(s, np.zeros(len(s), np.int32), axis)
     out = []
     for o in ops:
+        if o.name in READS_INT8 and o.slots[o.spec.slot_index("w")] in weights:
+            o.name = READS_INT8[o.name]
         for k, slot in enumerate(o.spec.slots):
             i = o.slots[k]
-            if slot.role != "in" or i not in weights:
+            if slot.role != "in" or i not in weights or slot.dtype == "I8":
                 continue
             n = sum(1 for t in tensors if t.name.startswith(tensors[i].name + "@f32"))
             f = len(tensors)
