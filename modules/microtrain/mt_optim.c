@@ -33,13 +33,9 @@ void mt_sink_prepare(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_
     s->w = w->ref;
     s->m = has_m ? m->ref : MT_REF_NONE;
     s->acc = acc != NULL && acc->n != 0 ? acc->ref : MT_REF_NONE;
-    s->m_part = (uint8_t)(has_m && m->n != w->n);
-    s->acc_part = (uint8_t)(s->acc != MT_REF_NONE && acc->n != w->n);
-    s->q8 = (uint8_t)mt_q8w_of(ctx, w, &s->w_q8);
-    if (!s->q8) {
-        s->w_q8.scales = MT_REF_NONE;
-        s->w_q8.inner = s->w_q8.nch = 0;
-    }
+    s->parts = (uint8_t)((has_m && m->n != w->n ? MT_SINK_M_PART : 0)
+        | (s->acc != MT_REF_NONE && acc->n != w->n ? MT_SINK_ACC_PART : 0));
+    s->q8_param = w->dtype == MT_DTYPE_I8 ? mt_param_of(ctx, w->ref) : MT_NO_TENSOR;
     s->mode = (uint8_t)(s->acc != MT_REF_NONE ? MT_SINK_ACC
         : has_m ? (has_wd ? MT_SINK_MOM_WD : MT_SINK_MOM) : (has_wd ? MT_SINK_SGD_WD : MT_SINK_SGD));
 }
@@ -173,8 +169,8 @@ MT_INLINE void sink_rows(const int mode, const sink_args_t *a, const float *d, u
  * the parameter (never used then). */
 MT_INLINE void sink_args(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t pat, sink_args_t *a) {
     a->w = MT_F32(ctx, s->w) + at;
-    a->m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + (s->m_part ? pat : at) : a->w;
-    a->acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + (s->acc_part ? pat : at) : a->w;
+    a->m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + ((s->parts & MT_SINK_M_PART) ? pat : at) : a->w;
+    a->acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + ((s->parts & MT_SINK_ACC_PART) ? pat : at) : a->w;
     a->lr = ctx->lr;
     a->mu = ctx->momentum;
     a->wd = ctx->weight_decay;
@@ -187,12 +183,13 @@ static void sink_q8(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s,
     uint32_t pat, uint32_t pstride, const float *d, uint32_t rows, const float *v, uint32_t n, float scale) {
     int8_t *w = (int8_t *)mt_ptr(ctx, s->w);
     float *m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) : NULL, *acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) : NULL;
-    const float *sc = (const float *)mt_ptr(ctx, s->w_q8.scales);
+    const mt_q8w_t q = mt_param_rec(ctx, s->q8_param)->q8;
+    const float *sc = (const float *)mt_ptr(ctx, q.scales);
     const float lr = ctx->lr, mu = ctx->momentum, wd = ctx->weight_decay;
     const int mode = s->mode;
     for (uint32_t r = 0; r < rows; r++) {
         const uint32_t e0 = at + r * stride, p0 = pat + r * pstride;
-        const uint32_t m0 = s->m_part ? p0 : e0, a0 = s->acc_part ? p0 : e0;
+        const uint32_t m0 = (s->parts & MT_SINK_M_PART) ? p0 : e0, a0 = (s->parts & MT_SINK_ACC_PART) ? p0 : e0;
         for (uint32_t k = 0; k < n; k++) {
             float g;
             if (form == FORM_OUTER) {
@@ -208,7 +205,7 @@ static void sink_q8(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s,
                 continue;
             }
             const uint32_t e = e0 + k;
-            const float sv = sc[(e / s->w_q8.inner) % s->w_q8.nch], wf = (float)w[e] * sv;
+            const float sv = sc[(e / q.inner) % q.nch], wf = (float)w[e] * sv;
             if (mode == MT_SINK_SGD_WD || mode == MT_SINK_MOM_WD) {
                 g = g + wd * wf;
             }
@@ -223,7 +220,7 @@ static void sink_q8(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s,
 
 MT_INLINE void sink_dispatch(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at,
     uint32_t pat, const float *v, float d, uint32_t n, float scale) {
-    if (s->q8) {
+    if (s->q8_param != MT_NO_TENSOR) {
         sink_q8(form, ctx, s, at, 0, pat, 0, &d, 1, v, n, scale);
         return;
     }
@@ -248,7 +245,7 @@ void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint3
 
 void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, uint32_t pat,
     uint32_t pstride, const float *d, uint32_t rows, const float *v, uint32_t n) {
-    if (s->q8) {
+    if (s->q8_param != MT_NO_TENSOR) {
         sink_q8(FORM_OUTER, ctx, s, at, stride, pat, pstride, d, rows, v, n, 1.0f);
         return;
     }
@@ -256,8 +253,8 @@ void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uin
     sink_args(ctx, s, at, pat, &a);
     a.v = v;
     a.ws = stride;
-    a.ms = s->m_part ? pstride : stride;
-    a.as = s->acc_part ? pstride : stride;
+    a.ms = (s->parts & MT_SINK_M_PART) ? pstride : stride;
+    a.as = (s->parts & MT_SINK_ACC_PART) ? pstride : stride;
     switch (s->mode) {
         case MT_SINK_ACC: sink_rows(MT_SINK_ACC, &a, d, rows, n); break;
         case MT_SINK_SGD: sink_rows(MT_SINK_SGD, &a, d, rows, n); break;

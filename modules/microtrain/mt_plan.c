@@ -630,6 +630,21 @@ int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
     return mt_reset(ctx);
 }
 
+uint16_t mt_param_of(const mt_ctx_t *ctx, uint32_t ref) {
+    uint16_t k = 0;
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        if (tensor_record(ctx, i)[MT_T_FLAGS] & MT_TFLAG_PARAM) {
+            mt_tensor_t t;
+            tensor_view(ctx, (uint16_t)i, &t);
+            if (t.ref == ref) {
+                return k;
+            }
+            k++;
+        }
+    }
+    return MT_NO_TENSOR;
+}
+
 const mt_param_rec_t *mt_param_rec(const mt_ctx_t *ctx, uint32_t k) {
     return (const mt_param_rec_t *)(mt_context(ctx) + ctx->params_at) + k;
 }
