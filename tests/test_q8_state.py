@@ -125,6 +125,7 @@ def test_int8_weights_match_pytorch_step_by_step(paths, exporter):
             assert np.all(np.abs(got.astype(int) - want.astype(int)) <= 1), name
             ties += int(tie.sum())
             checked += got.size
+    print("%s: %d of %d codes checked were near a tie" % (exporter, ties, checked))
     assert ties <= checked // 200, "%d of %d codes near a tie" % (ties, checked)
     assert np.array_equal(codes(sim, dw)[~dw_mask], start[dw][~dw_mask]), "frozen channels of dw changed"
     for name in q8:
@@ -164,6 +165,24 @@ def test_every_int8_weight_learns(paths):
     assert np.mean(losses[-40:]) < np.mean(losses[:40])
 
 
+@pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
+def test_no_float_copy_outlives_its_reader(paths, exporter):
+    """Each DEQUANTIZE_W output is read by the next op only; the input gradients read the int8
+    weight itself (the *_Q8 kernels), so no float copy of a weight reaches the backward."""
+    _, p = paths
+    plan = microtrain.compile(p[exporter], update=SCHEME, lr=LR, trained_weights="int8")
+    q8 = {plan.tensor_index(n) for n in int8_params(plan)}
+    ops = plan.ops
+    deq = [k for k, o in enumerate(ops) if o["op"] == "DEQUANTIZE_W"]
+    assert deq
+    for k in deq:
+        y = ops[k]["slots"][1]
+        assert [j for j, o in enumerate(ops) if y in o["slots"]] == [k, k + 1]
+        assert ops[k + 1]["phase"] == "FORWARD" or ops[k + 1]["op"].endswith("DW_INPLACE")
+    bwd_input = [o for o in ops if o["op"].startswith(("CONV2D_BWD_INPUT", "GEMM_BWD_INPUT")) and o["slots"][1] in q8]
+    assert bwd_input and all(o["op"].endswith("_Q8") for o in bwd_input)
+
+
 def test_int8_state_is_smaller_and_reported(paths):
     _, p = paths
     f = microtrain.compile(p["ts13"], update="full").report()
@@ -173,12 +192,13 @@ def test_int8_state_is_smaller_and_reported(paths):
     assert {t["dtype"] for t in q["tensors"] if t["storage"] == "state" and t["name"].endswith("weight")} == {"i8"}
 
 
-@pytest.mark.parametrize("momentum,batch", [(0.9, 1), (0.0, 4), (0.9, 4)])
-def test_int8_with_momentum_and_batches(paths, momentum, batch):
-    """Momentum (float, of the trained elements) and batch > 1 (a float accumulator applied at
-    the end of the batch): PyTorch in lockstep for a whole batch, as in the step-by-step test."""
+@pytest.mark.parametrize("momentum,batch,wd", [(0.9, 1, 0.0), (0.0, 4, 0.0), (0.9, 4, 0.0), (0.9, 1, 0.01)])
+def test_int8_with_momentum_and_batches(paths, momentum, batch, wd):
+    """Momentum (float, of the trained elements), batch > 1 (a float accumulator applied at the
+    end of the batch) and weight decay (of the value code x scale, trained elements only):
+    PyTorch in lockstep for a whole batch, as in the step-by-step test."""
     module, p = paths
-    plan = microtrain.compile(p["ts13"], update=SCHEME, lr=LR, momentum=momentum, batch=batch,
+    plan = microtrain.compile(p["ts13"], update=SCHEME, lr=LR, momentum=momentum, batch=batch, weight_decay=wd,
                               trained_weights="int8")
     names = onnx_names(plan)
     q8 = int8_params(plan)
@@ -194,14 +214,15 @@ def test_int8_with_momentum_and_batches(paths, momentum, batch):
         for x, y in zip(xs[i:i + batch], ys[i:i + batch]):
             sim.step(x, y)
         for name in q8:
-            grad = slice_grad(plan, name, g).astype(np.float32)
+            s = bshape(plan.tensors[plan.tensor_index(name)]["quant"], before_codes[name].ndim)
+            wf = before_codes[name].astype(np.float32) * s
+            grad = slice_grad(plan, name, g).astype(np.float32) + np.float32(wd) * wf
             if name == names["dw.weight"]:
                 grad = grad * masks_dw(module)
             if momentum:   # PyTorch's buffer: the first gradient, then mu * buf + g
                 grad = np.float32(momentum) * mom[name] + grad if name in mom else grad
                 mom[name] = grad
-            s = bshape(plan.tensors[plan.tensor_index(name)]["quant"], grad.ndim)
-            xq = (before_codes[name].astype(np.float32) * s - np.float32(LR) * grad) / s
+            xq = (wf - np.float32(LR) * grad) / s
             want = np.clip(np.rint(xq), -127, 127)
             got = codes(sim, name)
             tie = np.abs(np.abs(xq - np.floor(xq)) - 0.5) < TIE
@@ -287,6 +308,14 @@ def test_export_runs_in_onnxruntime(paths, exporter, tmp_path):
     for x in xs[:5]:
         want = s.run(None, {s.get_inputs()[0].name: x[None]})[0].reshape(-1)
         assert np.allclose(sim.predict(x).reshape(-1), want, rtol=1e-5, atol=1e-5)
+
+
+def test_cli_option(paths, tmp_path):
+    from microtrain.cli import main
+    out = str(tmp_path / "plan.mtp")
+    assert main(["compile", paths[1]["ts13"], "-o", out, "--update", "full", "--trained-weights", "int8"]) in (0, None)
+    plan = microtrain.load_plan(out)
+    assert int8_params(plan) and plan.meta["trained_weights"] == "int8"
 
 
 def test_bad_option(paths):
