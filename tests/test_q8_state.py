@@ -167,14 +167,18 @@ def test_every_int8_weight_learns(paths):
 
 @pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
 def test_no_float_copy_outlives_its_reader(paths, exporter):
-    """Each DEQUANTIZE_W output is read by the next op only; the input gradients read the int8
-    weight itself (the *_Q8 kernels), so no float copy of a weight reaches the backward."""
+    """The convolutions read their int8 weights themselves (the W8 forms: the depthwise slice's
+    CONV2D_W8, the 1x1 slices' CONV2D_ACC_W8); the Gemm head's float copy (DEQUANTIZE_W) is read by
+    the next op only; the input gradients read the int8 weight itself (the *_Q8 kernels), so no
+    float copy of a weight reaches the backward."""
     _, p = paths
     plan = microtrain.compile(p[exporter], update=SCHEME, lr=LR, trained_weights="int8")
     q8 = {plan.tensor_index(n) for n in int8_params(plan)}
     ops = plan.ops
+    forward = [o["op"] for o in ops if o["phase"] == "FORWARD" and set(o["slots"]) & q8]
+    assert forward.count("CONV2D_ACC_W8") == 2 and forward.count("CONV2D_W8") == 1, forward
     deq = [k for k, o in enumerate(ops) if o["op"] == "DEQUANTIZE_W"]
-    assert deq
+    assert [ops[k + 1]["op"] for k in deq] == ["GEMM"]
     for k in deq:
         y = ops[k]["slots"][1]
         assert [j for j, o in enumerate(ops) if y in o["slots"]] == [k, k + 1]

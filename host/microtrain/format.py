@@ -298,6 +298,9 @@ OPS = (
     OpSpec("CONV2D_DW_INPLACE_W8", 62, _s("x w:I8 b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
     OpSpec("CONV2D_BWD_INPUT_W8", 63, _s("dy w:I8 dx:out"), CONV_ATTRS),
     OpSpec("CONV2D_BWD_INPUT_DW_INPLACE_W8", 64, _s("dy w:I8 s:out dx:out"), CONV_ATTRS, inplace=(("dx", "dy"),)),
+    # the trained input channels of a split weight held int8 (compile(trained_weights="int8")): y = acc +
+    # conv(x, W'), CONV2D_ACC on the dequantized weight, bit for bit
+    OpSpec("CONV2D_ACC_W8", 66, _s("x w:I8 acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),
     # a trained weight stored int8 (compile(trained_weights="int8"), docs/sparse.md): w is an I8
     # parameter with per-output-channel scales (its quantization record); y = w * scale[channel],
     # the float copy the float kernels read, made before each use. Its gradient ops' sink

@@ -6,9 +6,11 @@ an I8 state tensor with one float scale per output channel, fixed here from its 
 scale = max|w| / 127 over the channel (a channel of zeros takes the weight's largest scale,
 2^-7 if the whole weight is 0), codes = clamp(round_half_even(w / scale), -127, 127). Biases
 stay float32. The input gradient reads the int8 weight itself (CONV2D_BWD_INPUT_Q8,
-GEMM_BWD_INPUT_Q8, the kernels of frozen int8 layers); every other op that reads the weight (the
-forward convolution or Gemm, an in-place depthwise input gradient) reads a float copy that a
-DEQUANTIZE_W op makes just before it, so the copy lives in the arena for that op only; the
+GEMM_BWD_INPUT_Q8, the kernels of frozen int8 layers); so do the forward convolutions whose
+filters fit the W8 kernels (CONV2D_W8, CONV2D_ACC_W8, CONV2D_DW_INPLACE_W8,
+CONV2D_BWD_INPUT_DW_INPLACE_W8: at most 64 taps, w8.py; the same bits as the float op on the
+dequantized weight). Every other op that reads the weight (a Gemm, a larger filter) reads a float
+copy that a DEQUANTIZE_W op makes just before it, so the copy lives in the arena for that op only; the
 weight-gradient ops' sink updates the codes in place (mt_optim.c):
 w <- clamp(round_half_even((w * s - lr * g) / s), -127, 127).
 """
@@ -23,6 +25,9 @@ from .training import TTensor
 TRAINED_WEIGHTS = ("float32", "int8")
 GEMM_OPS = ("GEMM", "GEMM_BWD_INPUT", "GEMM_BWD_WEIGHT")
 READS_INT8 = {"CONV2D_BWD_INPUT": "CONV2D_BWD_INPUT_Q8", "GEMM_BWD_INPUT": "GEMM_BWD_INPUT_Q8"}   # same slots
+READS_W8 = {"CONV2D": "CONV2D_W8", "CONV2D_ACC": "CONV2D_ACC_W8", "CONV2D_DW_INPLACE": "CONV2D_DW_INPLACE_W8",
+            "CONV2D_BWD_INPUT_DW_INPLACE": "CONV2D_BWD_INPUT_DW_INPLACE_W8"}   # same slots, the weight int8
+W8_TAPS = 64   # MT_W8_BUF (mt_conv.c): the W8 kernels' filters
 ZERO_WEIGHT_SCALE = 2.0 ** -7
 
 
@@ -71,8 +76,11 @@ def store_int8(tensors, ops):
         t.quant = Quant(s, np.zeros(len(s), np.int32), axis)
     out = []
     for o in ops:
-        if o.name in READS_INT8 and o.slots[o.spec.slot_index("w")] in weights:
+        w = o.slots[o.spec.slot_index("w")] if "w" in [sl.name for sl in o.spec.slots] else None
+        if o.name in READS_INT8 and w in weights:
             o.name = READS_INT8[o.name]
+        elif o.name in READS_W8 and w in weights and int(np.prod(tensors[w].shape[2:])) <= W8_TAPS:
+            o.name = READS_W8[o.name]
         for k, slot in enumerate(o.spec.slots):
             i = o.slots[k]
             if slot.role != "in" or i not in weights or slot.dtype == "I8":

@@ -1011,7 +1011,9 @@ typedef char w8_slots_match_float[(MT_CONV2D_W8_W == MT_CONV2D_W && MT_CONV2D_W8
     && MT_CONV2D_W8_Y == MT_CONV2D_Y && MT_CONV2D_DW_INPLACE_W8_S == MT_CONV2D_DW_INPLACE_S
     && MT_CONV2D_DW_INPLACE_W8_Y == MT_CONV2D_DW_INPLACE_Y && MT_CONV2D_BWD_INPUT_W8_W == MT_CONV2D_BWD_INPUT_W
     && MT_CONV2D_BWD_INPUT_W8_DX == MT_CONV2D_BWD_INPUT_DX && MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_S == MT_CONV2D_BWD_INPUT_DW_INPLACE_S
-    && MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_DX == MT_CONV2D_BWD_INPUT_DW_INPLACE_DX) ? 1 : -1];
+    && MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_DX == MT_CONV2D_BWD_INPUT_DW_INPLACE_DX
+    && MT_CONV2D_ACC_W8_X == MT_CONV2D_ACC_X && MT_CONV2D_ACC_W8_W == MT_CONV2D_ACC_W
+    && MT_CONV2D_ACC_W8_ACC == MT_CONV2D_ACC_ACC && MT_CONV2D_ACC_W8_Y == MT_CONV2D_ACC_Y) ? 1 : -1];
 
 /* out = the n filters of output channel o (taps each) of int8 q, times scale[o] */
 static void w8_filters(const int8_t *q, const float *scales, uint32_t o, uint32_t n, size_t taps, float *out) {
@@ -1093,6 +1095,29 @@ static int conv_w8_run(mt_ctx_t *ctx, const void *rec) {
 }
 
 const mt_opdef_t mt_op_CONV2D_W8 = {conv_w8_check, conv_w8_prepare, conv_w8_run};
+
+/* CONV2D_ACC_W8: y = acc + conv(x, W'), y may take acc's memory */
+static int conv_acc_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    return w8_check(conv_acc_check(ctx, op), ctx, &op->t[MT_CONV2D_ACC_W8_W]);
+}
+
+static uint32_t conv_acc_w8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_w8_rec_t *r = rec;   /* f.b holds acc, as CONV2D_ACC's */
+    if (r != NULL) {
+        conv_acc_prepare(ctx, op, &r->f);
+        w8_weight_ok(ctx, &op->t[MT_CONV2D_ACC_W8_W], &r->scales);
+    }
+    return sizeof(conv_w8_rec_t);
+}
+
+static int conv_acc_w8_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_w8_rec_t *r = rec;
+    conv_forward_w8(&r->f.g, r->f.h.kind, MT_F32(ctx, r->f.x), (const int8_t *)mt_ptr(ctx, r->f.w),
+        MT_F32(ctx, r->scales), NULL, MT_F32(ctx, r->f.b), NULL, MT_F32(ctx, r->f.y));
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_ACC_W8 = {conv_acc_w8_check, conv_acc_w8_prepare, conv_acc_w8_run};
 
 typedef struct {
     conv_dw_rec_t f;

@@ -776,6 +776,22 @@
 #define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_DIL_H 6
 #define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_DIL_W 7
 #define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_GROUPS 8
+#define MT_OP_CONV2D_ACC_W8 66
+#define MT_CONV2D_ACC_W8_NSLOTS 4
+#define MT_CONV2D_ACC_W8_NATTRS 9
+#define MT_CONV2D_ACC_W8_X 0
+#define MT_CONV2D_ACC_W8_W 1
+#define MT_CONV2D_ACC_W8_ACC 2
+#define MT_CONV2D_ACC_W8_Y 3
+#define MT_CONV2D_ACC_W8_A_STRIDE_H 0
+#define MT_CONV2D_ACC_W8_A_STRIDE_W 1
+#define MT_CONV2D_ACC_W8_A_PAD_T 2
+#define MT_CONV2D_ACC_W8_A_PAD_L 3
+#define MT_CONV2D_ACC_W8_A_PAD_B 4
+#define MT_CONV2D_ACC_W8_A_PAD_R 5
+#define MT_CONV2D_ACC_W8_A_DIL_H 6
+#define MT_CONV2D_ACC_W8_A_DIL_W 7
+#define MT_CONV2D_ACC_W8_A_GROUPS 8
 #define MT_OP_DEQUANTIZE_W 65
 #define MT_DEQUANTIZE_W_NSLOTS 2
 #define MT_DEQUANTIZE_W_NATTRS 0
@@ -839,6 +855,7 @@
     X(CONV2D_DW_INPLACE_W8) \
     X(CONV2D_BWD_INPUT_W8) \
     X(CONV2D_BWD_INPUT_DW_INPLACE_W8) \
+    X(CONV2D_ACC_W8) \
     X(DEQUANTIZE_W)
 
 /* attribute groups: the same position in every op that has the group */
@@ -935,7 +952,7 @@
     {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_W8 */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE_W8 */ \
     {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* DEQUANTIZE_W */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC_W8 */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
