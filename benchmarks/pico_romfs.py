@@ -14,6 +14,7 @@ host simulator's (bit for bit, or the largest difference).
     python benchmarks/pico_romfs.py PLAN.mtp [--steps 2]
     python benchmarks/pico_romfs.py --model mcunet-5fps --scheme 49kb [--int8-scope frozen] [--steps 2]
     python benchmarks/pico_romfs.py --model mcunet-5fps --update last-layer
+    python benchmarks/pico_romfs.py --model mcunet-5fps --scheme 49kb --board RP2040_4MB_ROMFS
 
 With --model, the plan is compiled as benchmarks/tte.py compiles it (MIT's network and scheme
 from shared/models/tte, frozen part int8 calibrated on benchmarks/calibration.py's crops, uint8
@@ -76,11 +77,14 @@ def main():
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--board", default=pico.BOARD,
+                    help="the firmware's board definition in firmware/rp2/ (default RPI_PICO_ROMFS, the Pico; "
+                    "RP2040_4MB_ROMFS: an RP2040 with 4 MB of flash)")
     ap.add_argument("--save", metavar="PLAN.mtp", help="also write the compiled plan here (--model)")
     args = ap.parse_args()
     if bool(args.plan) == bool(args.model):
         ap.error("give a plan file or --model (not both)")
-    why = pico.missing()
+    why = pico.missing(args.board)
     if why:
         print("cannot run the Pico here: %s" % why, file=sys.stderr)
         return 2
@@ -99,12 +103,16 @@ def main():
     sim = microtrain.Simulator(plan)
     x, stride, ys = inputs(sim, args.steps, images)
     image = pico.image(plan.data, x.tobytes(), ys)
-    lay = pico.pico_romfs.layout()
-    print("plan %d bytes (constants %d, of them int8 %s); ROMFS image %d bytes; partition %d bytes at 0x%08x: %s"
-          % (len(plan.data), r["const_bytes"], r.get("const_int8_bytes", "?"), len(image), lay["romfs_bytes"],
-             lay["romfs_addr"], "fits, %d bytes to spare" % (lay["romfs_bytes"] - len(image))
+    lay = pico.pico_romfs.layout(args.board)
+    print("plan %d bytes (constants %d, of them int8 %s); ROMFS image %d bytes; %s's partition %d bytes at 0x%08x: %s"
+          % (len(plan.data), r["const_bytes"], r.get("const_int8_bytes", "?"), len(image), args.board,
+             lay["romfs_bytes"], lay["romfs_addr"], "fits, %d bytes to spare" % (lay["romfs_bytes"] - len(image))
              if len(image) <= lay["romfs_bytes"] else "%d bytes too big" % (len(image) - lay["romfs_bytes"])))
-    pico.fits(len(image))     # the error, with the figures, when it does not fit
+    try:
+        pico.fits(len(image), args.board)
+    except ValueError as e:
+        print("error: %s" % e, file=sys.stderr)
+        return 1
 
     host_losses = [np.float32(sim.step(x[s % len(ys)], ys[s % len(ys)])) for s in range(args.steps)]
     host_params = {k: np.ascontiguousarray(v, "<f4").reshape(-1) for k, v in sim.params().items()}
@@ -113,7 +121,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         t = time.time()
         got, _ = pico.train(plan.data, x.tobytes(), ys, args.steps, work, stride=stride,
-                            floats=sim.input_dtype == "float32")
+                            floats=sim.input_dtype == "float32", board=args.board)
         wall = time.time() - t
 
     print("heap: %d bytes; gc.mem_free() %d before Trainer(), %d after (grew %d); ram_bytes %d (arena %d, "

@@ -160,17 +160,20 @@ firmware-natmod-tests: $(addprefix firmware-,$(NATMOD_TEST_BOARDS))
 
 # RPI_PICO with a ROMFS partition (1280 KB at 0x10080000, filesystem shrunk to 256 KB): the
 # board definition firmware/rp2/RPI_PICO_ROMFS (BOARD_DIR) in a tree of its own,
-# build/firmware-pico-romfs/rpi_pico/firmware.uf2; firmware/pico_romfs.py checks that the
-# firmware ends below the partition. tests/test_pico_romfs.py and benchmarks/pico_romfs.py
-# run it in rp2040js with a ROMFS image in the emulated flash.
-PICO_ROMFS_BOARD_DIR := $(MICROTRAIN_ROOT)/firmware/rp2/RPI_PICO_ROMFS
-PICO_ROMFS_BUILD ?= $(MICROTRAIN_BUILD)/firmware-pico-romfs
+# build/firmware-pico-romfs/RPI_PICO_ROMFS/rpi_pico/firmware.uf2; firmware/pico_romfs.py checks
+# that the firmware ends below the partition. tests/test_pico_romfs.py and
+# benchmarks/pico_romfs.py run it in rp2040js with a ROMFS image in the emulated flash.
+# PICO_ROMFS_BOARD=RP2040_4MB_ROMFS: the same on an RP2040 with 4 MB of flash (3328 KB of ROMFS).
+PICO_ROMFS_BOARD ?= RPI_PICO_ROMFS
+PICO_ROMFS_BOARD_DIR = $(MICROTRAIN_ROOT)/firmware/rp2/$(PICO_ROMFS_BOARD)
+PICO_ROMFS_BUILD ?= $(MICROTRAIN_BUILD)/firmware-pico-romfs/$(PICO_ROMFS_BOARD)
 # after the stock build: both would build mpy-cross otherwise (-j2)
 firmware-pico-romfs: firmware-rpi_pico
+	@test -f "$(PICO_ROMFS_BOARD_DIR)/mpconfigboard.h" || { echo "microtrain: no board $(PICO_ROMFS_BOARD_DIR)"; exit 2; }
 	+$(MICROTRAIN_SUBMAKE) -f $(firstword $(MAKEFILE_LIST)) firmware-rpi_pico \
 	    MICROPY_DIR="$(MICROPY_DIR)" FIRMWARE_BUILD="$(PICO_ROMFS_BUILD)" FIRMWARE_EXTRA_DEPS="$(wildcard $(PICO_ROMFS_BOARD_DIR)/*)" \
 	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) BOARD_DIR=$(PICO_ROMFS_BOARD_DIR)"
-	python3 $(MICROTRAIN_ROOT)/firmware/pico_romfs.py --check "$(PICO_ROMFS_BUILD)/rpi_pico/firmware.bin"
+	python3 $(MICROTRAIN_ROOT)/firmware/pico_romfs.py --board $(PICO_ROMFS_BOARD) --check "$(PICO_ROMFS_BUILD)/rpi_pico/firmware.bin"
 .PHONY: firmware-pico-romfs
 # v0's paths (build/micropython-unix, build/micropython-qemu), which benchmarks and
 # tests/test_bench.py use, as links to the boards' build directories

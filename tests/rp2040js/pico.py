@@ -1,6 +1,6 @@
 """Train a plan from ROMFS on the RPI_PICO firmware with a ROMFS partition (`make
-firmware-pico-romfs`, firmware/pico_romfs.py) in rp2040js: used by tests/test_pico_romfs.py
-and benchmarks/pico_romfs.py.
+firmware-pico-romfs`, firmware/pico_romfs.py; `board` names another of firmware/rp2/, such as
+RP2040_4MB_ROMFS) in rp2040js: used by tests/test_pico_romfs.py and benchmarks/pico_romfs.py.
 
 The host builds one ROMFS image (microtrain.romfs: the plan, the inputs, the labels, each
 8-byte aligned), turns it into a UF2 at the partition's address (romfs.to_uf2) and boots the
@@ -24,7 +24,7 @@ import mptargets    # noqa: E402
 import pico_romfs   # noqa: E402  firmware/pico_romfs.py: the partition's place and size
 from microtrain import romfs   # noqa: E402
 
-FIRMWARE = pico_romfs.FIRMWARE_UF2
+BOARD = pico_romfs.BOARD
 
 # The device's side. Lines: HEAP free total (at start); TRAINER free-before free-after grew
 # ram_bytes const_bytes plan_bytes; STEP k loss(hex float32) microseconds heap-allocated-by-the-step;
@@ -63,10 +63,12 @@ for name, v in sorted(t.params().items()):
 """
 
 
-def missing(firmware=FIRMWARE):
+def missing(board=BOARD):
     """Why the Pico cannot run here, or None."""
+    firmware = pico_romfs.firmware(board)
     if not os.path.isfile(firmware):
-        return "no firmware %s; run `make firmware-pico-romfs`" % os.path.relpath(firmware, ROOT)
+        return "no firmware %s; run `make firmware-pico-romfs%s`" % (
+            os.path.relpath(firmware, ROOT), "" if board == BOARD else " PICO_ROMFS_BOARD=" + board)
     target = mptargets.targets()["rpi_pico"]
     target.firmware = firmware
     return target.missing()
@@ -77,20 +79,21 @@ def image(plan_data, x_bytes, labels):
     return romfs.build({"plan.mtp": bytes(plan_data), "x.bin": bytes(x_bytes), "y.bin": bytes(labels)})
 
 
-def fits(image_bytes):
+def fits(image_bytes, board=BOARD):
     """Raises ValueError naming the bytes when the image is larger than the partition."""
-    lay = pico_romfs.layout()
+    lay = pico_romfs.layout(board)
     if image_bytes > lay["romfs_bytes"]:
-        raise ValueError("the ROMFS image is %d bytes, %d more than the Pico's ROMFS partition (%d bytes at 0x%08x, "
-                         "firmware/rp2/RPI_PICO_ROMFS)" % (image_bytes, image_bytes - lay["romfs_bytes"],
-                                                           lay["romfs_bytes"], lay["romfs_addr"]))
+        raise ValueError("the ROMFS image is %d bytes, %d more than the ROMFS partition of %s (%d bytes at 0x%08x, "
+                         "firmware/rp2/%s)" % (image_bytes, image_bytes - lay["romfs_bytes"], board,
+                                               lay["romfs_bytes"], lay["romfs_addr"], board))
     return lay
 
 
-def run(code, rom_image, workdir, firmware=FIRMWARE, address=None, timeout=900):
-    """Boot the firmware in rp2040js with rom_image at `address` (default: the ROMFS partition)
-    and run code in the raw REPL; returns (stdout, stderr) of the code as text."""
-    lay = fits(len(rom_image))
+def run(code, rom_image, workdir, board=BOARD, address=None, timeout=900):
+    """Boot the board's firmware in rp2040js with rom_image at `address` (default: the ROMFS
+    partition) and run code in the raw REPL; returns (stdout, stderr) of the code as text."""
+    lay = fits(len(rom_image), board)
+    firmware = pico_romfs.firmware(board)
     uf2 = os.path.join(workdir, "romfs.uf2")
     with open(uf2, "wb") as f:
         f.write(romfs.to_uf2(rom_image, lay["romfs_addr"] if address is None else address))

@@ -6,8 +6,9 @@
 //                         right below the filesystem)
 //     0x101C0000  256 KB  littlefs filesystem: MICROPY_HW_FLASH_STORAGE_BYTES (stock: 1408 KB)
 //
-// firmware/pico_romfs.py reads these two numbers (keep them `(N * 1024)`) and checks that
-// the firmware ends below the ROMFS partition: the linker script does not.
+// firmware/pico_romfs.py reads these numbers (keep them `(N * 1024)`) and checks that the
+// firmware ends below the ROMFS partition: the linker script does not.
 #define MICROPY_HW_BOARD_NAME                   "Raspberry Pi Pico"
+#define MICROTRAIN_FLASH_BYTES                  (2048 * 1024)   // pico-sdk's board "pico": PICO_FLASH_SIZE_BYTES
 #define MICROPY_HW_FLASH_STORAGE_BYTES          (256 * 1024)
 #define MICROPY_HW_ROMFS_BYTES                  (1280 * 1024)
