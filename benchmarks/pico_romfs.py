@@ -45,8 +45,8 @@ def compile_model(model, scheme, update, calibration, int8_scope, lr, momentum):
         raise SystemExit("shared/models/tte not found (set MICROTRAIN_TTE)")
     images = samples(calibration + 8, 128)
     how = dict(update=update) if update else dict(update=os.path.join(d, model + ".schemes.json"), scheme=scheme)
-    plan = microtrain.compile(os.path.join(d, model + ".onnx"), **how, lr=lr, momentum=momentum, saved="bits", int8_scope=int8_scope,
-                              **int8_options(images[:calibration]))
+    plan = microtrain.compile(os.path.join(d, model + ".onnx"), **how, lr=lr, momentum=momentum, saved="bits",
+                              int8_scope=int8_scope, **int8_options(images[:calibration]))
     return plan, images[calibration:]
 
 
@@ -80,6 +80,7 @@ def main():
     ap.add_argument("--board", default=pico.BOARD,
                     help="the firmware's board definition in firmware/rp2/ (default RPI_PICO_ROMFS, the Pico; "
                     "RP2040_4MB_ROMFS: an RP2040 with 4 MB of flash)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds of host time to wait for a step's output")
     ap.add_argument("--save", metavar="PLAN.mtp", help="also write the compiled plan here (--model)")
     args = ap.parse_args()
     if bool(args.plan) == bool(args.model):
@@ -93,25 +94,29 @@ def main():
     if args.model:
         plan, images = compile_model(args.model, args.scheme, args.update, args.calibration, args.int8_scope, args.lr,
                                      args.momentum)
-        what = "%s %s (int8_scope %s)" % (args.model, args.update or "scheme " + args.scheme, args.int8_scope)
+        print("plan: %s %s (int8_scope %s), compiled in %.0f s" % (args.model, args.update or "scheme " + args.scheme,
+                                                                 args.int8_scope, time.time() - t))
         if args.save:
             plan.save(args.save)
     else:
-        plan, images, what = microtrain.load_plan(args.plan), None, args.plan
-    print("plan: %s, compiled in %.0f s" % (what, time.time() - t))
+        plan, images = microtrain.load_plan(args.plan), None
+        print("plan: %s" % args.plan)
     r = plan.report()
     sim = microtrain.Simulator(plan)
     x, stride, ys = inputs(sim, args.steps, images)
     image = pico.image(plan.data, x.tobytes(), ys)
     lay = pico.pico_romfs.layout(args.board)
-    print("plan %d bytes (constants %d, of them int8 %s); ROMFS image %d bytes; %s's partition %d bytes at 0x%08x: %s"
-          % (len(plan.data), r["const_bytes"], r.get("const_int8_bytes", "?"), len(image), args.board,
+    print("plan %d bytes (constants %d, of them int8 %s); ROMFS image %d bytes (the plan, %d inputs of %d bytes, "
+          "labels); %s's partition %d bytes at 0x%08x: %s"
+          % (len(plan.data), r["const_bytes"], r.get("const_int8_bytes", "?"), len(image), len(ys), stride, args.board,
              lay["romfs_bytes"], lay["romfs_addr"], "fits, %d bytes to spare" % (lay["romfs_bytes"] - len(image))
              if len(image) <= lay["romfs_bytes"] else "%d bytes too big" % (len(image) - lay["romfs_bytes"])))
     try:
         pico.fits(len(image), args.board)
     except ValueError as e:
-        print("error: %s" % e, file=sys.stderr)
+        over = len(plan.data) - lay["romfs_bytes"]
+        print("error: %s%s" % (e, "; the plan alone is %d bytes more than the partition" % over if over > 0 else ""),
+              file=sys.stderr)
         return 1
 
     host_losses = [np.float32(sim.step(x[s % len(ys)], ys[s % len(ys)])) for s in range(args.steps)]
@@ -121,7 +126,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         t = time.time()
         got, _ = pico.train(plan.data, x.tobytes(), ys, args.steps, work, stride=stride,
-                            floats=sim.input_dtype == "float32", board=args.board)
+                            floats=sim.input_dtype == "float32", board=args.board, timeout=args.timeout)
         wall = time.time() - t
 
     print("heap: %d bytes; gc.mem_free() %d before Trainer(), %d after (grew %d); ram_bytes %d (arena %d, "

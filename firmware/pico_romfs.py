@@ -43,7 +43,8 @@ def layout(board=BOARD):
     filesystem, which ends the flash (ports/rp2/rp2_flash.c); addresses in the XIP map."""
     path = os.path.join(board_dir(board), "mpconfigboard.h")
     if not os.path.isfile(path):
-        raise ValueError("no board %s (the boards: %s)" % (path, ", ".join(sorted(os.listdir(os.path.join(HERE, "rp2"))))))
+        boards = sorted(os.listdir(os.path.join(HERE, "rp2")))
+        raise ValueError("no board %s (the boards: %s)" % (path, ", ".join(boards)))
     with open(path) as f:
         text = f.read()
     flash = _define(text, "MICROTRAIN_FLASH_BYTES", board)

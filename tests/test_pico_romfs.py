@@ -108,7 +108,8 @@ def test_image_at_the_wrong_address_is_not_the_partition(pico_ready, plan, tmp_p
 
 def test_image_larger_than_the_partition_is_refused():
     lay = pico.pico_romfs.layout()
-    with pytest.raises(ValueError, match=r"is %d bytes, 1 more than the ROMFS partition of RPI_PICO_ROMFS" % (lay["romfs_bytes"] + 1)):
+    too_big = r"is %d bytes, 1 more than the ROMFS partition of RPI_PICO_ROMFS" % (lay["romfs_bytes"] + 1)
+    with pytest.raises(ValueError, match=too_big):
         pico.fits(lay["romfs_bytes"] + 1)
 
 
