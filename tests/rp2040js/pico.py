@@ -99,18 +99,7 @@ def run(code, rom_image, workdir, board=BOARD, address=None, timeout=900):
         f.write(romfs.to_uf2(rom_image, lay["romfs_addr"] if address is None else address))
     bootrom = os.path.join(mptargets.vendor_dir() or "/nonexistent", "rp2040-bootrom-B1.ts")
     device = "execpty:%s %s %s %s %s" % (sys.executable, os.path.join(HERE, "pty_bridge.py"), firmware, bootrom, uf2)
-    sys.path.insert(0, os.path.join(mptargets.MICROPY_DIR, "tools"))
-    try:
-        import pyboard
-    finally:
-        sys.path.pop(0)
-    pyb = pyboard.Pyboard(device)
-    try:
-        pyb.enter_raw_repl()
-        out, err = pyb.exec_raw(code, timeout=timeout)
-        return out.decode(), err.decode()
-    finally:
-        pyb.close()
+    return mptargets.exec_raw(device, code, timeout)
 
 
 def train(plan_data, x_bytes, labels, steps, workdir, stride, floats=False, **kw):
