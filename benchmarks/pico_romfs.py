@@ -142,6 +142,15 @@ def main():
     same = [a.tobytes() == b.tobytes() for a, b in zip(losses, host_losses)]
     print("losses: Pico %s, host %s: %s" % ([float(v) for v in losses], [float(v) for v in host_losses],
                                            "bit-identical" if all(same) else "differ"))
+    host_out = np.ascontiguousarray(sim.predict(x[0]), "<f4").reshape(-1)
+    out = np.frombuffer(got["predict"], np.float32)
+    print("outputs for the first input after the steps: %s" % (
+        "bit-identical to the host simulator's" if out.tobytes() == host_out.tobytes()
+        else "largest difference %.3g" % float(np.abs(out - host_out).max())))
+    if got["params"] is None:
+        print("parameters: not read back: t.params() copies all %d bytes of them, %d bytes of heap were free"
+              % got["params_short"])
+        return 0
     worst, identical = 0.0, True
     for k, v in host_params.items():
         p = np.frombuffer(got["params"][k], np.float32)

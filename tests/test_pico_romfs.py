@@ -71,13 +71,13 @@ def host_run(plan):
     xq = sim.quantize_input(x[:N])
     losses = [np.float32(sim.step(xq[s % N], y[s % N])).tobytes() for s in range(STEPS)]
     params = {k: np.ascontiguousarray(v, "<f4").tobytes() for k, v in sim.params().items()}
-    return xq, [int(v) for v in y[:N]], losses, params
+    return xq, [int(v) for v in y[:N]], losses, params, sim
 
 
 def test_plan_trains_in_place_from_the_picos_flash(pico_ready, plan, tmp_path):
     r = plan.report()
     assert r["const_bytes"] > 390000
-    xq, ys, losses, params = host_run(plan)
+    xq, ys, losses, params, sim = host_run(plan)
     got, out = pico.train(plan.data, xq.tobytes(), ys, STEPS, str(tmp_path), stride=xq[0].nbytes)
     print("Pico (rp2040js) from ROMFS: plan %d bytes, const_bytes %d; heap free %d of %d; Trainer(f) grew the heap "
           "by %d bytes, ram_bytes %d; steps %s us of emulated time"
@@ -90,6 +90,7 @@ def test_plan_trains_in_place_from_the_picos_flash(pico_ready, plan, tmp_path):
     assert got["ram_bytes"] <= got["grew"] <= got["ram_bytes"] + SLACK, out
     assert [s["loss"] for s in got["steps"]] == losses, "losses differ from the host simulator's"
     assert got["params"] == params, "parameters differ from the host simulator's"
+    assert got["predict"] == np.ascontiguousarray(sim.predict(xq[0]), "<f4").tobytes()
     # a step allocates its Python objects (the bound method, the float loss): a few blocks, none of the plan's
     assert all(s["alloc"] <= 256 for s in got["steps"]), "a step allocated on the heap: %s" % got["steps"]
     first, last = (np.frombuffer(b"".join(losses[i:i + N]), np.float32).mean() for i in (0, STEPS - N))
@@ -98,7 +99,7 @@ def test_plan_trains_in_place_from_the_picos_flash(pico_ready, plan, tmp_path):
 
 def test_image_at_the_wrong_address_is_not_the_partition(pico_ready, plan, tmp_path):
     """The same image 4 KB below the partition: /rom holds no filesystem, the plan does not open."""
-    xq, ys, _, _ = host_run(plan)
+    xq, ys, _, _, _ = host_run(plan)
     lay = pico.pico_romfs.layout()
     code = pico.TRAIN % dict(stride=xq[0].nbytes, floats=0, steps=1)
     out, err = pico.run(code, pico.image(plan.data, xq.tobytes(), ys), str(tmp_path),
