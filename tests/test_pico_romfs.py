@@ -7,10 +7,10 @@ The plan: an MLP on scikit-learn's digits whose two wide hidden layers are froze
 390 KB of constants: more than the Pico's whole free heap, so it can only load read in place,
 through XIP) and whose float head trains. Trainer(f) must grow the heap by its RAM block
 (arena + trainable state + context, info()["ram_bytes"]) and the Trainer object only; the
-losses and parameters after a few steps must equal the host simulator's bit for bit: the same
-C core, integer arithmetic in the int8 part, and float32 adds, multiplies and divides that the
-RP2040 boot ROM's soft float rounds as IEEE 754 does (expf and logf of the loss are the
-C library's on both sides; the parity is what this test checks, not assumed).
+losses, parameters and outputs after a few steps must equal the host simulator's bit for bit:
+the same C core, integer arithmetic in the int8 part; the float32 adds, multiplies and divides
+are the RP2040 boot ROM's soft float (pico-sdk's wrappers) and expf/logf of the loss MicroPython's
+lib/libm on the Pico, glibc's on the host, so the parity is what this test checks, not assumed.
 """
 import os
 import sys
