@@ -69,7 +69,7 @@ test: native firmware rp2040js
 # The host suite alone (no firmware, no emulators): what `make test-host SANITIZE=1` runs under
 # AddressSanitizer and UBSan in CI (docs/reliability.md). Device tests start MicroPython, qemu
 # or node, which the preloaded sanitizer runtimes must not reach.
-DEVICE_TESTS := test_micropython.py test_romfs_qemu.py test_serial.py test_serial_example.py test_serial_faults.py test_stack.py
+DEVICE_TESTS := test_micropython.py test_romfs_qemu.py test_pico_romfs.py test_serial.py test_serial_example.py test_serial_faults.py test_stack.py
 DEVICE_TEST_CASES := tests/test_bench.py::test_two_qemu_runs_count_the_same tests/test_bench.py::test_uint8_plan_on_qemu_matches_the_host
 test-host: native
 	$(SANITIZE_ENV) $(PY) -m pytest tests -q -rs $(addprefix --ignore=tests/,$(DEVICE_TESTS)) \

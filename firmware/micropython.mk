@@ -53,6 +53,8 @@ MICROTRAIN_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 
 # Extra arguments for MicroPython's make (e.g. V=1 or COPT=-O0).
 FIRMWARE_MAKE_ARGS ?=
+# Files a build also depends on (a board definition of ours given in FIRMWARE_MAKE_ARGS).
+FIRMWARE_EXTRA_DEPS ?=
 
 MICROTRAIN_MPY_CROSS = $(MICROPY_DIR)/mpy-cross/build/mpy-cross
 MICROTRAIN_MPY_ABS = $(abspath $(MICROPY_DIR))
@@ -93,7 +95,8 @@ BOARD ?=
 MT_BOARD_NAME = $(shell echo '$(BOARD)' | tr 'A-Z-' 'a-z_')
 
 MICROTRAIN_FW_TARGETS := firmware firmware-all firmware-check natmod natmods firmware-circuitpython \
-	$(addprefix firmware-,$(MT_BOARDS)) firmware-qemu firmware-natmod natmods-test
+	$(addprefix firmware-,$(MT_BOARDS)) firmware-qemu firmware-natmod natmods-test \
+	firmware-pico-romfs
 
 .PHONY: micropython $(MICROTRAIN_FW_TARGETS) firmware-clean microtrain-firmware-force
 
@@ -132,7 +135,7 @@ ifeq ($(BOARD),)
 firmware: $(addprefix firmware-,$(FIRMWARE_TEST_HERE)) $(if $(MT_HAVE_ARM),natmods-test,$(NATMOD_BUILD)/x64/_microtrain.mpy) \
 		firmware-circuitpython
 	@$(foreach b,$(FIRMWARE_TEST_NOT_HERE),echo "microtrain: skipping firmware $(b): no $(call mt_toolchain_missing,$(b)) (see firmware/README.md)";)
-firmware: microtrain-v0-links $(if $(MT_HAVE_ARM),firmware-natmod-tests)
+firmware: microtrain-v0-links $(if $(MT_HAVE_ARM),firmware-natmod-tests $(if $(MT_HAVE_CMAKE),firmware-pico-romfs))
 else ifeq ($(filter $(MT_BOARD_NAME),$(MT_BOARDS)),)
 firmware:
 	@echo "microtrain: no board profile boards/$(MT_BOARD_NAME).json; the boards are: $(MT_BOARDS)"; exit 2
@@ -154,6 +157,24 @@ firmware-natmod-tests: $(addprefix firmware-,$(NATMOD_TEST_BOARDS))
 	    MICROPY_DIR="$(MICROPY_DIR)" FIRMWARE_BUILD="$(NATMOD_FIRMWARE_BUILD)" \
 	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(NATMOD_TEST_HEAP)"
 .PHONY: firmware-natmod-tests
+
+# RPI_PICO with a ROMFS partition (1280 KB at 0x10080000, filesystem shrunk to 256 KB): the
+# board definition firmware/rp2/RPI_PICO_ROMFS (BOARD_DIR) in a tree of its own,
+# build/firmware-pico-romfs/RPI_PICO_ROMFS/rpi_pico/firmware.uf2; firmware/pico_romfs.py checks
+# that the firmware ends below the partition. tests/test_pico_romfs.py and
+# benchmarks/pico_romfs.py run it in rp2040js with a ROMFS image in the emulated flash.
+# PICO_ROMFS_BOARD=RP2040_4MB_ROMFS: the same on an RP2040 with 4 MB of flash (3328 KB of ROMFS).
+PICO_ROMFS_BOARD ?= RPI_PICO_ROMFS
+PICO_ROMFS_BOARD_DIR = $(MICROTRAIN_ROOT)/firmware/rp2/$(PICO_ROMFS_BOARD)
+PICO_ROMFS_BUILD ?= $(MICROTRAIN_BUILD)/firmware-pico-romfs/$(PICO_ROMFS_BOARD)
+# after the stock build: both would build mpy-cross otherwise (-j2)
+firmware-pico-romfs: firmware-rpi_pico
+	@test -f "$(PICO_ROMFS_BOARD_DIR)/mpconfigboard.h" || { echo "microtrain: no board $(PICO_ROMFS_BOARD_DIR)"; exit 2; }
+	+$(MICROTRAIN_SUBMAKE) -f $(firstword $(MAKEFILE_LIST)) firmware-rpi_pico \
+	    MICROPY_DIR="$(MICROPY_DIR)" FIRMWARE_BUILD="$(PICO_ROMFS_BUILD)" FIRMWARE_EXTRA_DEPS="$(wildcard $(PICO_ROMFS_BOARD_DIR)/*)" \
+	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) BOARD_DIR=$(PICO_ROMFS_BOARD_DIR)"
+	python3 $(MICROTRAIN_ROOT)/firmware/pico_romfs.py --board $(PICO_ROMFS_BOARD) --check "$(PICO_ROMFS_BUILD)/rpi_pico/firmware.bin"
+.PHONY: firmware-pico-romfs
 # v0's paths (build/micropython-unix, build/micropython-qemu), which benchmarks and
 # tests/test_bench.py use, as links to the boards' build directories
 microtrain-v0-links: $(addprefix firmware-,$(filter unix mps2_an500,$(FIRMWARE_TEST_HERE)))
@@ -227,7 +248,7 @@ $(FIRMWARE_BUILD)/%/microtrain.config: microtrain-firmware-force
 $(addprefix firmware-,$(MT_BOARDS)): firmware-%: $(FIRMWARE_BUILD)/%/.built
 
 .SECONDEXPANSION:
-$(FIRMWARE_BUILD)/%/.built: $(MICROTRAIN_ROOT)/boards/%.json $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) \
+$(FIRMWARE_BUILD)/%/.built: $(MICROTRAIN_ROOT)/boards/%.json $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_FIRMWARE_MK) $(FIRMWARE_EXTRA_DEPS) \
 		$$(if $$(MT_BOARD_DIR_$$*),$$(wildcard $(MICROTRAIN_ROOT)/$$(MT_BOARD_DIR_$$*)/*)) $(FIRMWARE_BUILD)/%/microtrain.config | $(MICROTRAIN_MPY_CROSS)
 	@$(microtrain_check_version)
 	@$(FETCH) submodules "$(MICROPY_DIR)" $(MT_SUBMODULES_$*)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-MUST_RUN_IN_CI = ("test_micropython.py", "test_romfs_qemu.py")
+MUST_RUN_IN_CI = ("test_micropython.py", "test_romfs_qemu.py", "test_pico_romfs.py")
 
 
 def in_ci():

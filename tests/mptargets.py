@@ -127,6 +127,28 @@ def run_tests_command(target, tests, result_dir):
     return [sys.executable, os.path.join(tests_dir, "run-tests.py")] + args + list(tests), env, tests_dir
 
 
+def pyboard_module():
+    """MicroPython's tools/pyboard.py."""
+    sys.path.insert(0, os.path.join(MICROPY_DIR, "tools"))
+    try:
+        import pyboard
+    finally:
+        sys.path.pop(0)
+    return pyboard
+
+
+def exec_raw(device, code, timeout=600):
+    """Run code in the raw REPL of device (a pyboard.py device: a port, or "execpty:COMMAND");
+    returns (stdout, stderr) as text: an exception on the board is its stderr, not raised."""
+    pyb = pyboard_module().Pyboard(device)
+    try:
+        pyb.enter_raw_repl()
+        out, err = pyb.exec_raw(code, timeout=timeout)
+        return out.decode(), err.decode()
+    finally:
+        pyb.close()
+
+
 def run_script(target, code, timeout=600):
     """Run CODE (a string) on TARGET; returns what it printed. Through MicroPython's
     tools/pyboard.py for execpty targets (raw REPL), a process for unix ones."""
@@ -136,12 +158,7 @@ def run_script(target, code, timeout=600):
         if r.returncode:
             raise RuntimeError("%s: exit status %d: %s" % (target.name, r.returncode, r.stderr or r.stdout))
         return r.stdout
-    sys.path.insert(0, os.path.join(MICROPY_DIR, "tools"))
-    try:
-        import pyboard
-    finally:
-        sys.path.pop(0)
-    pyb = pyboard.Pyboard(target.device())
+    pyb = pyboard_module().Pyboard(target.device())
     try:
         pyb.enter_raw_repl()
         return pyb.exec_(code, timeout=timeout).decode()

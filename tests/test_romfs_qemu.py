@@ -129,19 +129,8 @@ def run_on_board(tmp_path, image, code, firmware=TARGET.firmware, offset=ROM_OFF
         f.truncate(PSRAM_BYTES)
         f.seek(offset)
         f.write(image)
-    sys.path.insert(0, os.path.join(mptargets.MICROPY_DIR, "tools"))
-    try:
-        import pyboard
-    finally:
-        sys.path.pop(0)
     with QemuBoard(firmware, flash=str(flash), workdir=str(tmp_path)) as board:
-        pyb = pyboard.Pyboard(board.port)
-        try:
-            pyb.enter_raw_repl()
-            out, err = pyb.exec_raw(code, timeout=timeout)
-            return out.decode(), err.decode()
-        finally:
-            pyb.close()
+        return mptargets.exec_raw(board.port, code, timeout)
 
 
 def test_plan_from_romfs_is_read_in_place(qemu_ready, plans, tmp_path):

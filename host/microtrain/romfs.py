@@ -77,3 +77,24 @@ def build_from_paths(paths):
     if not files:
         raise ValueError("no files to put in the ROMFS image")
     return build(files)
+
+
+RP2040_FAMILY = 0xE48BFF56      # UF2 family ID the RP2040 boot ROM accepts
+UF2_PAYLOAD = 256               # the RP2040 boot ROM takes 256-byte, 256-aligned payloads only
+
+
+def to_uf2(data, address, family=RP2040_FAMILY):
+    """`data` as a UF2 file that writes it to flash at `address` (a board's ROMFS partition,
+    e.g. 0x10080000 for firmware/rp2/RPI_PICO_ROMFS): copied onto a Pico's BOOTSEL drive, or
+    loaded by tests/rp2040js/run.mjs after the firmware. The tail is padded with 0xFF, as
+    erased flash reads."""
+    if address % UF2_PAYLOAD:
+        raise ValueError("UF2 address 0x%x is not a multiple of %d" % (address, UF2_PAYLOAD))
+    data = bytes(data) + b"\xff" * (-len(data) % UF2_PAYLOAD)
+    n = len(data) // UF2_PAYLOAD
+    out = bytearray()
+    for i in range(n):
+        head = [0x0A324655, 0x9E5D5157, 0x00002000, address + i * UF2_PAYLOAD, UF2_PAYLOAD, i, n, family]
+        block = b"".join(v.to_bytes(4, "little") for v in head) + data[i * UF2_PAYLOAD:(i + 1) * UF2_PAYLOAD]
+        out += block + b"\0" * (508 - len(block)) + (0x0AB16F30).to_bytes(4, "little")
+    return bytes(out)

@@ -1,7 +1,9 @@
 """Serve the REPL of a Pico firmware running in rp2040js (run.mjs) on a pseudo-terminal,
 the way `qemu-system-arm -serial pty` does, so that MicroPython's run-tests.py drives it:
 
-    run-tests.py -t execpty:"python3 pty_bridge.py FIRMWARE.uf2 BOOTROM.ts"
+    run-tests.py -t execpty:"python3 pty_bridge.py FIRMWARE.uf2 BOOTROM.ts [MORE.uf2 ...]"
+
+(MORE.uf2: further images for the flash, such as a ROMFS image; run.mjs says how.)
 
 Prints one line, "char device redirected to /dev/pts/N", once the device's USB CDC is
 connected (run-tests.py reads the pty's name from it), then copies bytes both ways until
@@ -18,8 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main(argv):
-    if len(argv) != 2:
-        sys.exit("usage: pty_bridge.py FIRMWARE.uf2 BOOTROM.ts")
+    if len(argv) < 2:
+        sys.exit("usage: pty_bridge.py FIRMWARE.uf2 BOOTROM.ts [MORE.uf2 ...]")
     argv = [os.path.abspath(a) for a in argv]   # node runs in this directory (its node_modules)
     node = subprocess.Popen(["node", os.path.join(HERE, "run.mjs")] + argv, cwd=HERE,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)

@@ -1,7 +1,11 @@
 // Run a Raspberry Pi Pico firmware (UF2) in the rp2040js emulator and expose MicroPython's
 // REPL, which the firmware serves on USB CDC, on stdin/stdout:
 //
-//     node run.mjs FIRMWARE.uf2 BOOTROM.ts
+//     node run.mjs FIRMWARE.uf2 BOOTROM.ts [MORE.uf2 ...]
+//
+// Each further UF2 is written into the flash after the firmware, at its blocks' addresses, as
+// a Pico's BOOTSEL drive takes any UF2: e.g. a ROMFS image of plans at the partition of the
+// firmware built by `make firmware-pico-romfs` (microtrain.romfs.to_uf2).
 //
 // stdin bytes go to the device as the USB host's serial writes; the device's serial output
 // goes to stdout. One line "rp2040js: USB CDC connected" goes to stderr when the REPL is up.
@@ -11,9 +15,9 @@
 import { readFileSync } from 'node:fs';
 import { Simulator, USBCDC, ConsoleLogger, LogLevel } from 'rp2040js';
 
-const [uf2Path, bootromPath] = process.argv.slice(2);
+const [uf2Path, bootromPath, ...moreUF2] = process.argv.slice(2);
 if (!uf2Path || !bootromPath) {
-  process.stderr.write('usage: node run.mjs FIRMWARE.uf2 BOOTROM.ts\n');
+  process.stderr.write('usage: node run.mjs FIRMWARE.uf2 BOOTROM.ts [MORE.uf2 ...]\n');
   process.exit(2);
 }
 
@@ -40,6 +44,9 @@ function loadUF2(path, mcu) {
     }
     const addr = view.getUint32(off + 12, true);
     const size = view.getUint32(off + 16, true);
+    if (addr < FLASH_START || addr + size > FLASH_START + mcu.flash.length || size > 476) {
+      throw new Error(`${path}: block at ${off} targets 0x${addr.toString(16)} (+${size}), outside the flash`);
+    }
     mcu.flash.set(data.subarray(off + 32, off + 32 + size), addr - FLASH_START);
     blocks++;
   }
@@ -51,6 +58,7 @@ const mcu = sim.rp2040;
 mcu.logger = new ConsoleLogger(LogLevel.Error);
 mcu.loadBootrom(loadBootrom(bootromPath));
 loadUF2(uf2Path, mcu);
+for (const path of moreUF2) loadUF2(path, mcu);
 
 // Bytes from stdin wait here until the device is connected and its receive FIFO has room.
 const pending = [];
