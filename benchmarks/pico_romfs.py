@@ -18,7 +18,7 @@ host simulator's (bit for bit, or the largest difference).
 
 With --model, the plan is compiled as benchmarks/tte.py compiles it (MIT's network and scheme
 from shared/models/tte, frozen part int8 calibrated on benchmarks/calibration.py's crops, uint8
-pixel input, saved="bits") and the inputs are further crops; with a plan file, the inputs are
+pixel input, saved="bits", frozen and trained conv weights int8) and the inputs are further crops; with a plan file, the inputs are
 seeded random values of the plan's input type. A plan too big for the partition is an error
 that says by how many bytes.
 """
@@ -37,7 +37,8 @@ import pico  # noqa: E402
 sys.path.pop(0)
 
 
-def compile_model(model, scheme, update, calibration, int8_scope, lr, momentum):
+def compile_model(model, scheme, update, calibration, int8_scope, lr, momentum, frozen_weights="int8",
+                  trained_weights="int8"):
     from bench_models import tte_dir
     from calibration import int8_options, samples
     d = tte_dir()
@@ -46,7 +47,8 @@ def compile_model(model, scheme, update, calibration, int8_scope, lr, momentum):
     images = samples(calibration + 8, 128)
     how = dict(update=update) if update else dict(update=os.path.join(d, model + ".schemes.json"), scheme=scheme)
     plan = microtrain.compile(os.path.join(d, model + ".onnx"), **how, lr=lr, momentum=momentum, saved="bits",
-                              int8_scope=int8_scope, **int8_options(images[:calibration]))
+                              int8_scope=int8_scope, frozen_weights=frozen_weights, trained_weights=trained_weights,
+                              **int8_options(images[:calibration]))
     return plan, images[calibration:]
 
 
@@ -74,6 +76,10 @@ def main():
     ap.add_argument("--int8-scope", choices=("prefix", "frozen"), default="prefix",
                     help="compile(int8_scope=...): int8 only before the first trained layer, or every frozen layer")
     ap.add_argument("--calibration", type=int, default=32, help="calibration images (--model)")
+    ap.add_argument("--frozen-weights", choices=("float32", "int8"), default="int8",
+                    help="frozen conv weights of float layers (--model; compile(frozen_weights=...), as tte.py)")
+    ap.add_argument("--trained-weights", choices=("float32", "int8"), default="int8",
+                    help="trained conv/Gemm weights (--model; compile(trained_weights=...), as tte.py)")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=2)
@@ -93,7 +99,7 @@ def main():
     t = time.time()
     if args.model:
         plan, images = compile_model(args.model, args.scheme, args.update, args.calibration, args.int8_scope, args.lr,
-                                     args.momentum)
+                                     args.momentum, args.frozen_weights, args.trained_weights)
         print("plan: %s %s (int8_scope %s), compiled in %.0f s" % (args.model, args.update or "scheme " + args.scheme,
                                                                  args.int8_scope, time.time() - t))
         if args.save:
