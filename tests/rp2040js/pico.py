@@ -67,8 +67,15 @@ try:
 except MemoryError:
     params = None
     print("NOPARAMS", i["param_bytes"], gc.mem_free())
-for name, v in sorted((params or {}).items()):
-    print("PARAM", name, bytes(v).hex())
+from binascii import hexlify
+for name in sorted(params or {}):
+    v = memoryview(params.pop(name))   # printed 256 values at a time: no copy of a large parameter
+    print("PARAM", name, end=" ")
+    for k in range(0, len(v), 256):
+        print(hexlify(v[k:k + 256]).decode(), end="")
+    print()
+    v = None
+    gc.collect()
 """
 
 
