@@ -663,7 +663,45 @@
 #define MT_CONV2D_ACC_A_DIL_H 6
 #define MT_CONV2D_ACC_A_DIL_W 7
 #define MT_CONV2D_ACC_A_GROUPS 8
-#define MT_OP_MAX 60
+#define MT_OP_CONV2D_Q8_DW_INPLACE 68
+#define MT_CONV2D_Q8_DW_INPLACE_NSLOTS 7
+#define MT_CONV2D_Q8_DW_INPLACE_NATTRS 11
+#define MT_CONV2D_Q8_DW_INPLACE_X 0
+#define MT_CONV2D_Q8_DW_INPLACE_W 1
+#define MT_CONV2D_Q8_DW_INPLACE_B 2
+#define MT_CONV2D_Q8_DW_INPLACE_MULT 3
+#define MT_CONV2D_Q8_DW_INPLACE_SHIFT 4
+#define MT_CONV2D_Q8_DW_INPLACE_S 5
+#define MT_CONV2D_Q8_DW_INPLACE_Y 6
+#define MT_CONV2D_Q8_DW_INPLACE_A_STRIDE_H 0
+#define MT_CONV2D_Q8_DW_INPLACE_A_STRIDE_W 1
+#define MT_CONV2D_Q8_DW_INPLACE_A_PAD_T 2
+#define MT_CONV2D_Q8_DW_INPLACE_A_PAD_L 3
+#define MT_CONV2D_Q8_DW_INPLACE_A_PAD_B 4
+#define MT_CONV2D_Q8_DW_INPLACE_A_PAD_R 5
+#define MT_CONV2D_Q8_DW_INPLACE_A_DIL_H 6
+#define MT_CONV2D_Q8_DW_INPLACE_A_DIL_W 7
+#define MT_CONV2D_Q8_DW_INPLACE_A_GROUPS 8
+#define MT_CONV2D_Q8_DW_INPLACE_A_ACT_MIN 9
+#define MT_CONV2D_Q8_DW_INPLACE_A_ACT_MAX 10
+#define MT_OP_CONV2D_PW_INPLACE 69
+#define MT_CONV2D_PW_INPLACE_NSLOTS 5
+#define MT_CONV2D_PW_INPLACE_NATTRS 9
+#define MT_CONV2D_PW_INPLACE_X 0
+#define MT_CONV2D_PW_INPLACE_W 1
+#define MT_CONV2D_PW_INPLACE_B 2
+#define MT_CONV2D_PW_INPLACE_S 3
+#define MT_CONV2D_PW_INPLACE_Y 4
+#define MT_CONV2D_PW_INPLACE_A_STRIDE_H 0
+#define MT_CONV2D_PW_INPLACE_A_STRIDE_W 1
+#define MT_CONV2D_PW_INPLACE_A_PAD_T 2
+#define MT_CONV2D_PW_INPLACE_A_PAD_L 3
+#define MT_CONV2D_PW_INPLACE_A_PAD_B 4
+#define MT_CONV2D_PW_INPLACE_A_PAD_R 5
+#define MT_CONV2D_PW_INPLACE_A_DIL_H 6
+#define MT_CONV2D_PW_INPLACE_A_DIL_W 7
+#define MT_CONV2D_PW_INPLACE_A_GROUPS 8
+#define MT_OP_MAX 69
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -714,7 +752,9 @@
     X(SCATTER_CH) \
     X(CONV2D_DW_INPLACE) \
     X(CONV2D_BWD_INPUT_DW_INPLACE) \
-    X(CONV2D_ACC)
+    X(CONV2D_ACC) \
+    X(CONV2D_Q8_DW_INPLACE) \
+    X(CONV2D_PW_INPLACE)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -805,6 +845,15 @@
     {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC */ \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {7, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {6, 0, 255, 255}}, /* CONV2D_Q8_DW_INPLACE */ \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_PW_INPLACE */ \
 }
 
 /* error codes */
