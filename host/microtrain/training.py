@@ -191,6 +191,8 @@ class Builder:
             target = self.tensor(TTensor("target", self.tensors[out].shape, flags=F.TFLAGS["TARGET"]))
         self.target, self.output, self.input = target, out, x
         if not self.trainable:   # an inference-only plan: the forward ops alone
+            if self.allow_inplace:
+                self.inplace()
             return self.tensors, self.ops
         dout = self.grad_tensor(self.g.output, out)
         self.op("SOFTMAX_CE" if self.loss == "cross-entropy" else "MSE", "TRAIN", [out, target, dout], source="loss")
