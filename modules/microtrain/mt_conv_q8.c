@@ -35,21 +35,26 @@ static int conv_q8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
            && mt_q8_clamp_ok(a[MT_CONV2D_Q8_A_ACT_MIN], a[MT_CONV2D_Q8_A_ACT_MAX]) ? MT_OK : MT_E_SHAPE;
 }
 
+/* The record from the slots x w b mult shift (CONV2D_Q8's first five, CONV2D_Q8_DW_INPLACE's
+ * too) and y at y_slot; the clamp is the last two attributes of both. */
+static void conv_q8_fill(const mt_ctx_t *ctx, const mt_op_t *op, int y_slot, conv_q8_rec_t *r) {
+    const mt_tensor_t *t = op->t;
+    r->x = t[MT_CONV2D_Q8_X].ref;
+    r->w = t[MT_CONV2D_Q8_W].ref;
+    r->b = t[MT_CONV2D_Q8_B].ref;
+    r->mult = t[MT_CONV2D_Q8_MULT].ref;
+    r->shift = t[MT_CONV2D_Q8_SHIFT].ref;
+    r->y = t[y_slot].ref;
+    mt_conv_prepare_geom(op->a, &t[MT_CONV2D_Q8_X], &t[MT_CONV2D_Q8_W], &t[y_slot], &r->g);
+    r->x_zp = mt_q8_zero_point(ctx, &t[MT_CONV2D_Q8_X]);
+    r->y_zp = mt_q8_zero_point(ctx, &t[y_slot]);
+    r->lo = op->a[MT_CONV2D_Q8_A_ACT_MIN];
+    r->hi = op->a[MT_CONV2D_Q8_A_ACT_MAX];
+}
+
 static uint32_t conv_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
-    conv_q8_rec_t *r = rec;
-    if (r != NULL) {
-        const mt_tensor_t *t = op->t;
-        r->x = t[MT_CONV2D_Q8_X].ref;
-        r->w = t[MT_CONV2D_Q8_W].ref;
-        r->b = t[MT_CONV2D_Q8_B].ref;
-        r->mult = t[MT_CONV2D_Q8_MULT].ref;
-        r->shift = t[MT_CONV2D_Q8_SHIFT].ref;
-        r->y = t[MT_CONV2D_Q8_Y].ref;
-        mt_conv_prepare_geom(op->a, &t[MT_CONV2D_Q8_X], &t[MT_CONV2D_Q8_W], &t[MT_CONV2D_Q8_Y], &r->g);
-        r->x_zp = mt_q8_zero_point(ctx, &t[MT_CONV2D_Q8_X]);
-        r->y_zp = mt_q8_zero_point(ctx, &t[MT_CONV2D_Q8_Y]);
-        r->lo = op->a[MT_CONV2D_Q8_A_ACT_MIN];
-        r->hi = op->a[MT_CONV2D_Q8_A_ACT_MAX];
+    if (rec != NULL) {
+        conv_q8_fill(ctx, op, MT_CONV2D_Q8_Y, rec);
     }
     return sizeof(conv_q8_rec_t);
 }
@@ -128,20 +133,8 @@ static int conv_q8_dw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
 static uint32_t conv_q8_dw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
     conv_q8_dw_rec_t *r = rec;
     if (r != NULL) {
-        const mt_tensor_t *t = op->t;
-        r->q.x = t[MT_CONV2D_Q8_DW_INPLACE_X].ref;
-        r->q.w = t[MT_CONV2D_Q8_DW_INPLACE_W].ref;
-        r->q.b = t[MT_CONV2D_Q8_DW_INPLACE_B].ref;
-        r->q.mult = t[MT_CONV2D_Q8_DW_INPLACE_MULT].ref;
-        r->q.shift = t[MT_CONV2D_Q8_DW_INPLACE_SHIFT].ref;
-        r->q.y = t[MT_CONV2D_Q8_DW_INPLACE_Y].ref;
-        r->s = t[MT_CONV2D_Q8_DW_INPLACE_S].ref;
-        mt_conv_prepare_geom(op->a, &t[MT_CONV2D_Q8_DW_INPLACE_X], &t[MT_CONV2D_Q8_DW_INPLACE_W],
-            &t[MT_CONV2D_Q8_DW_INPLACE_Y], &r->q.g);
-        r->q.x_zp = mt_q8_zero_point(ctx, &t[MT_CONV2D_Q8_DW_INPLACE_X]);
-        r->q.y_zp = mt_q8_zero_point(ctx, &t[MT_CONV2D_Q8_DW_INPLACE_Y]);
-        r->q.lo = op->a[MT_CONV2D_Q8_DW_INPLACE_A_ACT_MIN];
-        r->q.hi = op->a[MT_CONV2D_Q8_DW_INPLACE_A_ACT_MAX];
+        conv_q8_fill(ctx, op, MT_CONV2D_Q8_DW_INPLACE_Y, &r->q);
+        r->s = op->t[MT_CONV2D_Q8_DW_INPLACE_S].ref;
     }
     return sizeof(conv_q8_dw_rec_t);
 }
