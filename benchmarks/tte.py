@@ -4,15 +4,17 @@ For each model in shared/models/tte (MCUNet-5fps, MobileNetV2-w0.35) and every s
 .schemes.json: the plan compiled with that scheme (channel-sparse weights, biases, the head),
 its frozen prefix int8 (post-training min/max calibration on benchmarks/calibration.py's crops
 of scikit-learn's photos), uint8 pixel input, batch 1, plain SGD, the ReLU/ReLU6 outputs the
-backward reads only for their mask kept as 1-bit masks (--saved bits). Printed per scheme: the arena,
+backward reads only for their mask kept as 1-bit masks (--saved bits), the frozen conv weights of
+the float layers int8 (--frozen-weights int8, compile(frozen_weights="int8")). Printed per scheme: the arena,
 the trainable state (parameters and optimizer state), the runtime context, peak RAM (their sum:
 what Trainer() allocates on the board), MIT's analytic estimate and MIT's measured peak for the
-model (NeurIPS 2022 Fig. 10, STM32F746, sparse update + operator reordering), the op at the
-arena's peak and the largest tensors alive there. With --momentum 0.9 the state column shows
+model (NeurIPS 2022 Fig. 10, STM32F746, sparse update + operator reordering), the plan's flash
+bytes (the whole plan, constants included: what a board keeps in flash), the op at the arena's peak and the largest tensors alive there, and the host simulator's time per training step
+(the same C as the board; a shared machine's figure, for comparing plans run together). With --momentum 0.9 the state column shows
 the momentum of channel-sparse weights held for their trained channels only.
 
     python benchmarks/tte.py [--calibration 32] [--momentum 0] [--saved bits] [--json bench/tte.json]
-                             [--schemes 49kb,full] [--no-int8-fuse]
+                             [--schemes 49kb,full] [--no-int8-fuse] [--frozen-weights int8]
 """
 import argparse
 import json
@@ -28,6 +30,7 @@ from calibration import int8_options, samples
 
 MODELS = ("mcunet-5fps", "mbv2-w0.35")
 MIT_PEAK_KB = {"mcunet-5fps": 173, "mbv2-w0.35": 141}   # Fig. 10: sparse update + operator reordering
+STEPS = 3   # timed host steps per plan
 MIT_FULL_KB = {"mcunet-5fps": 3650, "mbv2-w0.35": 2939}   # Fig. 10: full update
 
 
@@ -35,19 +38,27 @@ def kb(n):
     return n / 1024
 
 
-def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8_fuse=True):
+def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8_fuse=True, frozen_weights="int8"):
     """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
     quantize: its plan is float32 with float input."""
-    q = {} if scheme == "full" else dict(int8_options(calib), int8_fuse=int8_fuse)
+    q = {} if scheme == "full" else dict(int8_options(calib), int8_fuse=int8_fuse, frozen_weights=frozen_weights)
     t = time.time()
     plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved, **q)
     seconds = time.time() - t
+    sim = microtrain.Simulator(plan)
+    x = sim.quantize_input(calib[0]) if plan.meta["input"].get("dtype") else calib[0]
+    sim.step(x, 0)
+    t = time.perf_counter()
+    for k in range(STEPS):
+        sim.step(x, k % 10)
+    step_ms = (time.perf_counter() - t) / STEPS * 1e3
     r = plan.report()
     peak = alive_at_peak(plan)
     return {
         "arena_bytes": r["arena_bytes"], "state_bytes": r["param_bytes"], "context_bytes": r["context_bytes"],
         "peak_ram_bytes": r["peak_ram_bytes"], "peak_live_bytes": r["peak_live_bytes"],
-        "flash_bytes": r["flash_bytes"], "compile_seconds": round(seconds, 2),
+        "flash_bytes": r["flash_bytes"], "const_bytes": r["const_bytes"], "const_int8_bytes": r["const_int8_bytes"],
+        "w8_weights": len(plan.meta.get("w8", [])), "host_step_ms": round(step_ms, 1), "compile_seconds": round(seconds, 2),
         "sparse_weights": len(plan.meta["channels"]), "trainable": len(plan.params()),
         "peak_op": "%d %s (%s)" % (peak["op"], peak["op_name"], peak["phase"]),
         "alive_at_peak": [{"name": n, "bytes": b, "dtype": d} for n, b, d, _, _ in peak["tensors"]],
@@ -63,6 +74,9 @@ def main():
                     "masks; int8, int8 copies; float32, the outputs themselves")
     ap.add_argument("--no-int8-fuse", dest="int8_fuse", action="store_false",
                     help="keep each int8 1x1 conv and its depthwise conv two ops (compile(int8_fuse=False))")
+    ap.add_argument("--frozen-weights", choices=("float32", "int8"), default="int8",
+                    help="the frozen conv weights of float layers: int8 with per-channel scales (default), or "
+                    "float32 (compile(frozen_weights=...))")
     ap.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")
     ap.add_argument("--json", metavar="FILE", default=None, help="also write the results here (e.g. bench/tte.json)")
     ap.add_argument("--top", type=int, default=4, help="tensors alive at the peak to print")
@@ -74,8 +88,9 @@ def main():
     calib = samples(args.calibration, 128)
     want = set(args.schemes.split(",")) if args.schemes else None
     rows = []
-    print("%-12s %-12s %9s %9s %8s %9s | %9s %9s | %s" % ("model", "scheme", "arena KB", "state KB", "ctx KB",
-                                                           "peak KB", "MIT est", "MIT peak", "peak op: largest alive"))
+    print("%-12s %-12s %9s %9s %8s %9s %10s %8s | %9s %9s | %s" % (
+        "model", "scheme", "arena KB", "state KB", "ctx KB", "peak KB", "flash KB", "step ms", "MIT est", "MIT peak",
+        "peak op: largest alive"))
     for model in MODELS:
         onnx_path, schemes_path = (os.path.join(d, model + ext) for ext in (".onnx", ".schemes.json"))
         with open(schemes_path) as f:
@@ -83,16 +98,17 @@ def main():
         for s in schemes:
             if want and s["scheme"] not in want:
                 continue
-            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved, args.int8_fuse)
+            r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved, args.int8_fuse,
+                        args.frozen_weights)
             r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved,
-                     int8_fuse=args.int8_fuse,
+                     int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
                      mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
                      mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
             rows.append(r)
             alive = ", ".join("%s %.0f" % (t["name"], kb(t["bytes"])) for t in r["alive_at_peak"][:args.top])
-            print("%-12s %-12s %9.1f %9.1f %8.1f %9.1f | %9.1f %9d | %s: %s" % (
+            print("%-12s %-12s %9.1f %9.1f %8.1f %9.1f %10.1f %8.1f | %9.1f %9d | %s: %s" % (
                 model, s["scheme"], kb(r["arena_bytes"]), kb(r["state_bytes"]), kb(r["context_bytes"]),
-                kb(r["peak_ram_bytes"]), r["mit_estimate_kb"], r["mit_peak_kb"], r["peak_op"], alive))
+                kb(r["peak_ram_bytes"]), kb(r["flash_bytes"]), r["host_step_ms"], r["mit_estimate_kb"], r["mit_peak_kb"], r["peak_op"], alive))
             sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:

@@ -188,7 +188,9 @@ def masked(seed=9):
 
 def int8_seeds(c):
     """int8 plans of int8_net (docs/quantization.md): trained through every frozen int8 layer, and
-    an int8 prefix with uint8 input ahead of a float last layer; int8_block's streamed expansion."""
+    an int8 prefix with uint8 input ahead of a float last layer; int8_block streamed: the expansion,
+    depthwise and projection as one op (CONV_DW_PW_Q8), and the expansion into the depthwise alone
+    (PWDW_Q8)."""
     calib = np.random.default_rng(0).normal(0, 1, (16, 1, 6, 6)).astype(np.float32)
     q = dict(quantize="int8", calibration=calib)
     return {
@@ -196,7 +198,9 @@ def int8_seeds(c):
                                  int8_scope="frozen", **q),
         "int8_prefix_uint8_input": c(int8_net(seed=8), update="last-layer", lr=0.05, momentum=0.9,
                                      input_dtype="uint8", input_quant=(1 / 255, 0), **q),
-        "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8",
+        "int8_streamed_block": c(int8_block(), update="last-layer", lr=0.05, quantize="int8",
+                                 calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
+        "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8", int8_fuse="pwdw",
                                      calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
         # unfused, the int8 depthwise conv runs over its input (CONV2D_Q8_DW_INPLACE)
         "int8_depthwise_in_place": c(mbconv(), update="last-layer", lr=0.05, quantize="int8", int8_fuse=False,
@@ -238,15 +242,19 @@ def seeds():
         "mbconv_projection_in_place": c(mbconv(seed=10), update=["pw2.b", "fc.w", "fc.b"], lr=0.05, momentum=0.9),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
-        # channel-sparse: c1 and pw train on some input channels (GATHER_CH, SCATTER_CH), dw on some
-        # of its channels (ranged gradient ops)
+        # channel-sparse: c1 and pw train on some input channels, dw on some of its channels
+        # (GATHER_CH, SCATTER_ACC_CH)
         "cnn_channel_sparse": c(cnn(seed=7, hw=6, n_out=3), lr=0.05, momentum=0.9, update={
             "classifier": "full", "bias_updates": [{"initializer": "dw.bias"}],
             "weight_updates": [{"initializer": "c1.weight", "channel_axis": 1, "selected_channels": [1]},
                                {"initializer": "dw.weight", "channel_axis": 0, "selected_channels": [0, 2, 3]},
                                {"initializer": "pw.weight", "channel_axis": 1, "selected_channels": [3, 0]}]}),
     }
+    # a split conv behind a view: its gathered channels' gradient through SCATTER_CH and ADD
+    out["split_behind_view"] = c(models.conv_view_conv(), update=models.SPLIT_VIEW_SCHEME, lr=0.05)
     out["masks_bits_mom"] = c(masked(), update=["c.weight", "c.bias"], lr=0.05, momentum=0.9, saved="bits")
+    # frozen conv weights int8 (w8.py): CONV2D_W8, the depthwise in place and the input gradients
+    out["mbconv_bias_w8"] = c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8", frozen_weights="int8")
     out.update(int8_seeds(c))
     return out
 

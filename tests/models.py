@@ -48,6 +48,30 @@ def cnn(seed=0, hw=8, n_out=4):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
+def conv_view_conv(view=True, seed=11):
+    """conv -> Reshape to its own shape (a view, as exporters emit) -> 1x1 conv -> GAP -> flatten;
+    view=False: the same without the Reshape. SPLIT_VIEW_SCHEME trains the second conv on input
+    channels 1 and 3 (split.py), so the gradient reaching the view joins the frozen part's."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.5, s)   # noqa: E731
+    inits = [_init("c.weight", w(4, 2, 3, 3)), _init("c.bias", w(4)), _init("p.weight", w(3, 4, 1, 1)),
+             _init("p.bias", w(3))]
+    nodes = [helper.make_node("Conv", ["x", "c.weight", "c.bias"], ["a"], pads=[1, 1, 1, 1], name="c")]
+    if view:
+        inits.append(numpy_helper.from_array(np.array([1, 4, 4, 4], np.int64), "shape"))
+        nodes.append(helper.make_node("Reshape", ["a", "shape"], ["v"], name="view"))
+    nodes += [helper.make_node("Conv", ["v" if view else "a", "p.weight", "p.bias"], ["b"], name="p"),
+              helper.make_node("GlobalAveragePool", ["b"], ["g"], name="gap"),
+              helper.make_node("Flatten", ["g"], ["y"], name="flat")]
+    g = helper.make_graph(nodes, "conv_view_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+SPLIT_VIEW_SCHEME = {"classifier": "none", "bias_updates": [{"initializer": "c.bias"}, {"initializer": "p.bias"}],
+                     "weight_updates": [{"initializer": "p.weight", "channel_axis": 1, "selected_channels": [1, 3]}]}
+
+
 def with_node(model, node):
     """A copy of model with an extra node spliced in before the output (for unsupported-op tests)."""
     m = onnx.ModelProto()

@@ -400,6 +400,7 @@ def data_int8():
     host_through, losses_through = train_on_host(through, x, d["y"][:n])
     assert_learns(losses)
     # a MobileNetV2-style block whose 1x1 expansion is streamed into its 5x5 stride-2 depthwise conv
+    # (and on into its projection)
     import tempfile
     import torch
     import int8_models
@@ -408,7 +409,9 @@ def data_int8():
         block = int8_models.export(int8_models.Block(5, 2, 2).eval(), os.path.join(tmp, "block.onnx"), "ts")
         pwdw = microtrain.compile(block, update="none", **q)
         pwdw_train = microtrain.compile(block, update="last:2", lr=0.05, momentum=0.9, **q)
-    assert all("PWDW_Q8" in [o["op"] for o in p.ops] for p in (pwdw, pwdw_train))
+    # inference streams expansion, depthwise and projection (CONV_DW_PW_Q8); with the projection
+    # training, the expansion into the depthwise conv (PWDW_Q8)
+    assert "CONV_DW_PW_Q8" in [o["op"] for o in pwdw.ops] and "PWDW_Q8" in [o["op"] for o in pwdw_train.ops]
     pred_pwdw = np.stack([microtrain.Simulator(pwdw).predict(v) for v in x])
     host_pwdw, losses_pwdw = train_on_host(pwdw_train, x, d["y"][:n])
     return dict(PLAN_INFER=infer.data, PLAN_INFER_F=infer_f.data, PLAN_TRAIN=train.data, PLAN_THROUGH=through.data,
@@ -445,17 +448,19 @@ def trained_on_host(plan, x, y):
 
 def data_train_sparse():
     """A MIT-style sparse update (docs/sparse.md) of tests/test_sparse.py's CNN: int8 frozen
-    prefix, some input channels of two 1x1 convs (those channels a parameter of their own, read
-    through GATHER_CH; the input gradient back through SCATTER_CH), three biases, the head, ReLU6
-    outputs saved as int8 for the backward (CLIP_BWD_Q8)."""
+    prefix, some input channels of two 1x1 convs and two channels of the depthwise conv (those
+    channels a parameter of their own, read through GATHER_CH; the input gradient added back into
+    the frozen part's through SCATTER_ACC_CH), three biases, the head, ReLU6 outputs saved as int8
+    for the backward (CLIP_BWD_Q8)."""
     scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (1, 2, 3)],
               "weight_updates": [{"conv_index": 1, "channel_axis": 1, "selected_channels": [0, 2, 3, 7]},
+                                 {"conv_index": 2, "channel_axis": 0, "selected_channels": [1, 4]},
                                  {"conv_index": 3, "ratio": 0.5, "select": "magnitude+"}]}
     rng = np.random.default_rng(7)
     plan = sparse_block_plan(scheme, saved="int8", quantize="int8",
                              calibration=rng.normal(size=(32, 3, 6, 6)).astype(np.float32) * 2)
-    assert {"CONV2D_Q8", "CLIP_BWD_Q8", "CONV2D_BWD_WEIGHT", "GATHER_CH", "SCATTER_CH"} <= {o["op"] for o in plan.ops} \
-        and plan.meta["split"]
+    assert {"CONV2D_Q8", "CLIP_BWD_Q8", "CONV2D_BWD_WEIGHT", "GATHER_CH", "SCATTER_ACC_CH"} <= {o["op"] for o in plan.ops} \
+        and len(plan.meta["split"]) == 3
     x = (rng.normal(size=(4, 3, 6, 6)) * 2).astype(np.float32)
     return trained_on_host(plan, x, rng.integers(0, 4, 4))
 
@@ -479,6 +484,25 @@ def data_train_masks():
 
 
 DATA["train_masks"] = data_train_masks
+
+
+def data_train_w8():
+    """tests/test_sparse.py's CNN in float with its frozen conv weights int8 (frozen_weights="int8",
+    w8.py): the first conv and the depthwise conv (in place) train their biases only, the 1x1
+    expansion some input channels (its frozen part W@frozen int8), the head; the gradient goes
+    back through every W8 form (CONV2D_W8, CONV2D_DW_INPLACE_W8, CONV2D_BWD_INPUT_DW_INPLACE_W8,
+    CONV2D_BWD_INPUT_W8)."""
+    scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (0, 1, 2, 3)],
+              "weight_updates": [{"conv_index": 1, "channel_axis": 1, "selected_channels": [0, 2, 3, 7]}]}
+    rng = np.random.default_rng(9)
+    plan = sparse_block_plan(scheme, saved="bits", frozen_weights="int8")
+    assert {"CONV2D_W8", "CONV2D_DW_INPLACE_W8", "CONV2D_BWD_INPUT_DW_INPLACE_W8", "CONV2D_BWD_INPUT_W8"} \
+        <= {o["op"] for o in plan.ops} and len(plan.meta["w8"]) == 4
+    x = (rng.normal(size=(4, 3, 6, 6)) * 3).astype(np.float32)
+    return trained_on_host(plan, x, rng.integers(0, 4, 4))
+
+
+DATA["train_w8"] = data_train_w8
 
 
 def header(name, values):

@@ -1,6 +1,7 @@
 """PWDW_Q8: a frozen int8 1x1 conv streamed into the depthwise int8 conv that alone reads it
 (host/microtrain/q8_fuse.py, modules/microtrain/mt_pwdw_q8.c), the expanded tensor kept as a
-ring of rows only. On MobileNetV2-style blocks (pointwise-ReLU6, depthwise-ReLU6 of kernel 3
+ring of rows only. The plans here are compiled with int8_fuse="pwdw", so that the 1x1 projection
+after the depthwise conv is not streamed too (CONV_DW_PW_Q8, tests/test_cdp_q8.py). On MobileNetV2-style blocks (pointwise-ReLU6, depthwise-ReLU6 of kernel 3
 or 5, stride 1 or 2, dilation, padding, pointwise), quantized by microtrain's PTQ and exported
 by both PyTorch exporters: the fused plan's outputs are bit for bit the unfused plan's, agree
 with onnxruntime running the same quantization (QDQ) within 1 LSB, and every int8 tensor is the
@@ -112,7 +113,7 @@ def test_kernel_matches_the_two_convs_for_any_parameters(case):
 def test_fused_plan_is_the_unfused_plan_and_onnxruntime(data, tmp_path, geometry, exporter):
     src = export(tmp_path, geometry, exporter, bias=geometry.endswith("p0"))
     calib, xs = data[:200], data[-N_SAMPLES:]
-    fused = microtrain.compile(src, update="none", quantize="int8", calibration=calib)
+    fused = microtrain.compile(src, update="none", quantize="int8", calibration=calib, int8_fuse="pwdw")
     plain = microtrain.compile(src, update="none", quantize="int8", calibration=calib, int8_fuse=False)
     assert ops(fused).count("PWDW_Q8") == 1 and ops(fused).count("CONV2D_Q8") == 2, ops(fused)
     # unfused, a stride-1 depthwise conv whose input dies there runs in place (CONV2D_Q8_DW_INPLACE)
@@ -125,7 +126,8 @@ def test_fused_plan_is_the_unfused_plan_and_onnxruntime(data, tmp_path, geometry
     graph = import_onnx(src)
     ptq(graph, set(), calib)
     qdq = M.qdq_from_plan_quantization(src, graph, str(tmp_path / "qdq.onnx"))
-    naive = microtrain.compile(src, update="none", quantize="int8", calibration=calib, planner="naive")
+    naive = microtrain.compile(src, update="none", quantize="int8", calibration=calib, planner="naive",
+                               int8_fuse="pwdw")
     assert "PWDW_Q8" in ops(naive)
     worst, exact = compare(naive, qdq, xs)
     assert worst <= 1, worst
@@ -138,7 +140,7 @@ def test_onnxruntime_qdq_model_fuses_too(data, tmp_path, geometry, activation):
     """A model quantized by onnxruntime (QDQ) and compiled as it is: fused as PTQ's, the same numbers."""
     src = export(tmp_path, geometry, "dynamo")
     dst = M.ort_qdq(src, str(tmp_path / "ort.onnx"), data[:200], activation)
-    fused = microtrain.compile(dst, update="none", planner="naive")
+    fused = microtrain.compile(dst, update="none", planner="naive", int8_fuse="pwdw")
     plain = microtrain.compile(dst, update="none", planner="naive", int8_fuse=False)
     assert "PWDW_Q8" in ops(fused) and "PWDW_Q8" not in ops(plain)
     a, b = Core(fused.data), Core(plain.data)
@@ -158,7 +160,7 @@ def test_wide_rows_are_bit_identical(tmp_path, geometry):
                    shape=(1, 3, 11, 70))
     rng = np.random.default_rng(0)
     calib = rng.standard_normal((20, 3, 11, 70)).astype(np.float32)
-    fused = microtrain.compile(src, update="none", quantize="int8", calibration=calib)
+    fused = microtrain.compile(src, update="none", quantize="int8", calibration=calib, int8_fuse="pwdw")
     plain = microtrain.compile(src, update="none", quantize="int8", calibration=calib, int8_fuse=False)
     assert "PWDW_Q8" in ops(fused)
     a, b = Core(fused.data), Core(plain.data)
@@ -172,7 +174,7 @@ def test_arena_is_smaller_by_the_expanded_tensor(tmp_path):
     src = M.export(M.Block(3, 2, 1, 1, expand=48, cin=3, width=8).eval(), str(tmp_path / "big.onnx"), "ts",
                    shape=(1, 3, 24, 24))
     calib = np.random.default_rng(0).standard_normal((10, 3, 24, 24)).astype(np.float32)
-    fused = microtrain.compile(src, update="last-layer", quantize="int8", calibration=calib)
+    fused = microtrain.compile(src, update="last-layer", quantize="int8", calibration=calib, int8_fuse="pwdw")
     plain = microtrain.compile(src, update="last-layer", quantize="int8", calibration=calib, int8_fuse=False)
     # unfused, the peak is the expanded tensor and the depthwise output; fused, the block's input,
     # the ring and the depthwise output (the input stays alive while the depthwise output is written)
@@ -206,7 +208,7 @@ def test_a_ring_of_the_wrong_size_is_refused(tmp_path, data, rows):
     """One row short or one too many; the ring moved to fresh memory at the arena's end, so that
     the size check, not the overlap check, is what refuses it."""
     src = export(tmp_path, "k5s2", "ts")
-    plan = microtrain.compile(src, update="none", quantize="int8", calibration=data[:50])
+    plan = microtrain.compile(src, update="none", quantize="int8", calibration=data[:50], int8_fuse="pwdw")
     op = next(o for o in plan.ops if o["op"] == "PWDW_Q8")
     i = op["slots"][F.OPS_BY_NAME["PWDW_Q8"].slot_index("ring")]
     R, E, W = plan.tensors[i]["shape"]
@@ -230,7 +232,8 @@ def test_no_fusion_where_a_gradient_passes(tmp_path, data):
                               int8_scope="frozen")
     assert "PWDW_Q8" not in ops(plan) and "CONV2D_BWD_INPUT_Q8" in ops(plan), ops(plan)
     # the same frozen scope with only the classifier training fuses
-    plan = microtrain.compile(src, update="last-layer", quantize="int8", calibration=data[:50], int8_scope="frozen")
+    plan = microtrain.compile(src, update="last-layer", quantize="int8", calibration=data[:50], int8_scope="frozen",
+                              int8_fuse="pwdw")
     assert "PWDW_Q8" in ops(plan)
 
 
@@ -259,7 +262,7 @@ def test_training_on_a_fused_prefix_gives_the_same_parameters(tmp_path, geometry
     x, y = M.digits()
     src = export(tmp_path, geometry, "dynamo")
     kw = dict(update=update, quantize="int8", calibration=x[:100], lr=0.05, momentum=0.9)
-    fused, plain = microtrain.compile(src, **kw), microtrain.compile(src, int8_fuse=False, **kw)
+    fused, plain = microtrain.compile(src, int8_fuse="pwdw", **kw), microtrain.compile(src, int8_fuse=False, **kw)
     assert "PWDW_Q8" in ops(fused) and "PWDW_Q8" not in ops(plain)
     sims = [microtrain.Simulator(p) for p in (fused, plain)]
     for s in sims:
@@ -273,5 +276,5 @@ def test_training_on_a_fused_prefix_gives_the_same_parameters(tmp_path, geometry
 
 
 def test_int8_fuse_is_checked(tmp_path, data):
-    with pytest.raises(ValueError, match="int8_fuse must be True or False"):
+    with pytest.raises(ValueError, match="int8_fuse must be True, False or \"pwdw\""):
         microtrain.compile(export(tmp_path, "k3s1", "ts"), quantize="int8", calibration=data[:10], int8_fuse="yes")

@@ -161,9 +161,11 @@ def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weigh
     expected = torch_train(module, masks, xs, ys, lr, momentum, weight_decay, batch, clip)
     params = plan.onnx_params(sim.params())
     assert set(params) == {names[n] for n in names if masks[n].any()}
-    # the 1x1 convs train on input channels: only those are a parameter (split.py)
-    assert set(plan.meta["split"]) == {names["pw1.weight"], names["pw2.weight"]}
+    # the 1x1 convs train on input channels, the depthwise conv on its channels: only those
+    # are a parameter (split.py)
+    assert set(plan.meta["split"]) == {names["pw1.weight"], names["dw.weight"], names["pw2.weight"]}
     assert sim.params()[names["pw1.weight"] + "@trained"].shape == (12, 4, 1, 1)
+    assert sim.params()[names["dw.weight"] + "@trained"].shape == (5, 1, 3, 3)
     for n, m in masks.items():
         if not m.any():
             continue
@@ -178,11 +180,11 @@ def test_channel_sparse_matches_pytorch(models, exporter, batch, momentum, weigh
 def test_gradient_through_a_split_weight(models, exporter):
     """The first conv's bias trains below pw1, whose input channels 0, 2, 3, 7 are its own
     parameter (split.py): the bias gradient comes back through both parts of pw1, the frozen
-    convolution's input gradient plus the trained slice's through SCATTER_CH."""
+    convolution's input gradient plus the trained slice's, added into it (SCATTER_ACC_CH)."""
     module, paths = models[False]
     scheme = dict(SCHEME, bias_updates=[{"conv_index": 0}] + SCHEME["bias_updates"])
     plan = microtrain.compile(paths[exporter], update=scheme, lr=0.05, momentum=0.9)
-    assert "SCATTER_CH" in {o["op"] for o in plan.ops}
+    assert "SCATTER_ACC_CH" in {o["op"] for o in plan.ops if o["phase"] == "TRAIN"}
     names = onnx_names(plan)
     sim = microtrain.Simulator(plan)
     xs, ys = data()
@@ -329,20 +331,27 @@ def test_scheme_file_and_errors(models, tmp_path):
     bad = dict(SCHEME, weight_updates=[{"conv_index": 2, "channel_axis": 1, "ratio": 0.5}])
     with pytest.raises(ValueError, match="grouped conv"):
         microtrain.compile(paths["ts13"], update=bad)
+    # a head trained on some output rows keeps the whole weight with ranged updates (Layer.runs)
+    names = onnx_names(microtrain.compile(paths["ts13"], update="none"))
+    rows = dict(SCHEME, weight_updates=[{"initializer": names["fc.weight"], "channel_axis": 0,
+                                         "selected_channels": [0, 2, 3]}])
     with pytest.raises(ValueError, match="would decay the frozen channels"):
-        microtrain.compile(paths["ts13"], update=SCHEME, batch=4, weight_decay=0.01)
+        microtrain.compile(paths["ts13"], update=rows, batch=4, weight_decay=0.01)
 
 
 def test_optimizer_meta_lists_every_momentum_part(models):
     _, paths = models[False]
-    plan = microtrain.compile(paths["ts13"], update=SCHEME, momentum=0.9)
     names = onnx_names(microtrain.compile(paths["ts13"], update="none"))
-    parts = plan.meta["optimizer"][names["dw.weight"]]["momentum"]
-    # the depthwise conv's channels 1, 2, 3, 9, 10: runs [1:4], [9:11]
-    assert [plan.tensors[i]["name"] for i in parts] == ["mom(%s)[%s]" % (names["dw.weight"], r)
-                                                        for r in ("1:4", "9:11")]
-    assert isinstance(plan.meta["optimizer"][names["fc.weight"]]["momentum"], int)
-    assert isinstance(plan.meta["optimizer"][names["pw1.weight"] + "@trained"]["momentum"], int)
+    # the head on its output rows 0, 2, 3: whole weight, ranged updates, runs [0:1], [2:4]
+    rows = dict(SCHEME, weight_updates=SCHEME["weight_updates"] + [
+        {"initializer": names["fc.weight"], "channel_axis": 0, "selected_channels": [0, 2, 3]}], classifier="none")
+    plan = microtrain.compile(paths["ts13"], update=rows, momentum=0.9)
+    parts = plan.meta["optimizer"][names["fc.weight"]]["momentum"]
+    assert [plan.tensors[i]["name"] for i in parts] == ["mom(%s)[%s]" % (names["fc.weight"], r)
+                                                        for r in ("0:1", "2:4")]
+    # split weights (split.py) are parameters of their own, each with one momentum buffer
+    for w in ("pw1.weight", "dw.weight", "pw2.weight"):
+        assert isinstance(plan.meta["optimizer"][names[w] + "@trained"]["momentum"], int), w
 
 
 def test_report_names_the_arena_peak_and_channels(models, tmp_path):
@@ -433,6 +442,28 @@ def test_saved_bits(models, exporter, act, tmp_path):
     assert got["bits"][0] == got["float32"][0]
     for k, v in got["float32"][1].items():
         assert np.array_equal(got["bits"][1][k], v), k
+
+
+@pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
+def test_saved_bits_before_split_weights(models, exporter):
+    """A Clip output that feeds split weights (pw1's into the depthwise conv trained on 5 of its
+    channels, dw's into pw2 trained on half its input channels) is read by the backward only for
+    its mask: the weight gradients read the gathered copies. So with saved="bits" no float Clip
+    output lives into the backward, and the parameters are bit-identical to saved="float32"."""
+    _, paths = models[False]
+    plans = {s: microtrain.compile(paths[exporter], update=SCHEME, lr=0.05, momentum=0.9, saved=s)
+             for s in ("float32", "bits")}
+    assert float_clip_outputs_alive_in_backward(plans["bits"]) == []
+    assert len(float_clip_outputs_alive_in_backward(plans["float32"])) == 2
+    xs, ys = data()
+    got = {}
+    for s, plan in plans.items():
+        sim = microtrain.Simulator(plan)
+        for x, y in zip(xs, ys):
+            sim.step(x, y)
+        got[s] = plan.onnx_params(sim.params())
+    for k, v in got["float32"].items():
+        assert np.array_equal(got["bits"][k], v), k
 
 
 def test_saved_bits_from_the_cli(models, tmp_path):

@@ -36,7 +36,7 @@ def _compile(args):
     options = dict(loss=args.loss, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                    batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
                    calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
-                   saved=args.saved, int8_fuse=args.int8_fuse)
+                   saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights)
     if args.budget is not None:
         if args.update != "last-layer" or args.scheme:
             raise ValueError("--budget chooses what trains: give it without --update/--scheme")
@@ -333,8 +333,13 @@ def parser():
                    help="prefix: int8 up to the first trainable layer; frozen: every frozen layer int8, gradients "
                    "pass through them")
     c.add_argument("--no-int8-fuse", dest="int8_fuse", action="store_false",
-                   help="keep each frozen int8 1x1 conv and the depthwise conv after it two ops (by default they "
-                   "run as one PWDW_Q8 op that never stores the expanded tensor: the same numbers, less RAM)")
+                   help="keep every frozen int8 conv an op of its own (by default a conv, depthwise conv and 1x1 "
+                   "conv run as one CONV_DW_PW_Q8 op, a 1x1 conv and depthwise conv as one PWDW_Q8 op, which "
+                   "never store the tensors between them: the same numbers, less RAM)")
+    c.add_argument("--frozen-weights", default="float32", choices=["float32", "int8"],
+                   help="int8: store the frozen conv weights of float layers (a trained bias's layer, the frozen "
+                   "part of a split weight) as int8 with per-output-channel scales, a quarter of their flash; "
+                   "the layers compute in float on the dequantized weights (docs/quantization.md)")
     c.set_defaults(func=_compile)
     rf = sub.add_parser("romfs", help="a ROMFS image of plans for the board's flash (mpremote romfs deploy)",
                         formatter_class=fmt, description="A ROMFS image holding plans (and any other files) with "

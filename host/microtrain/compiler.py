@@ -56,7 +56,7 @@ INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
             input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None,
-            int8_fuse=True):
+            int8_fuse=True, frozen_weights="float32"):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -84,8 +84,17 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     reads only for its mask as 1 bit per element (MASK_PACK, MASK_BWD), gradients exactly those of
     "float32" (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
     of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen).
-    int8_fuse: stream each frozen int8 1x1 conv into the depthwise conv that alone reads it (PWDW_Q8,
-    bit-identical; the expanded tensor is never stored); False keeps them two ops.
+    int8_fuse: True streams frozen int8 convs so that their large tensors are never stored, with the
+    same integers (q8_fuse.py): a conv, the depthwise conv that alone reads it and the 1x1 conv that
+    alone reads that, row by row (CONV_DW_PW_Q8: a stem and its first block, an inverted-residual
+    block), else a 1x1 conv into the depthwise conv that alone reads it (PWDW_Q8); "pwdw" only the
+    latter; False keeps every conv an op of its own.
+    frozen_weights: "float32" (default) keeps the frozen weights of float layers (those from the
+    first trainable layer on, the frozen part of a split weight) as the model has them; "int8"
+    stores each frozen conv weight of a float layer as int8 with one scale per output channel
+    (max |w| / 127), a quarter of its flash; the layer computes in float32 on the dequantized weight
+    float32(q) * scale, so gradients are those of the model with those weights (w8.py). It needs no
+    calibration and works with or without quantize="int8"; the plan's meta["w8"] lists the weights.
     """
     if budget is not None:   # choose what trains (budget.py), then the plan of that choice
         from .budget import choose
@@ -94,9 +103,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         return choose(model, budget, loss=loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
                       input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
-                      int8_fuse=int8_fuse)[1]
-    if int8_fuse not in (True, False):
-        raise ValueError("int8_fuse must be True or False, got %r" % (int8_fuse,))
+                      int8_fuse=int8_fuse, frozen_weights=frozen_weights)[1]
+    if int8_fuse not in (True, False, "pwdw"):
+        raise ValueError("int8_fuse must be True, False or \"pwdw\", got %r" % (int8_fuse,))
+    from .w8 import FROZEN_WEIGHTS
+    if frozen_weights not in FROZEN_WEIGHTS:
+        raise ValueError("unknown frozen_weights %r; use one of %s" % (frozen_weights, ", ".join(FROZEN_WEIGHTS)))
     if saved not in SAVED:
         raise ValueError("unknown saved %r; use one of %s" % (saved, ", ".join(SAVED)))
     if loss not in LOSSES:
@@ -150,7 +162,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                          "model" % input_dtype)
     return build_plan(graph, trainable, loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, update=update, input_dtype=INPUT_DTYPES[input_dtype],
-                      clip_grad=clip_grad, channels=channels, saved=saved,
+                      clip_grad=clip_grad, channels=channels, saved=saved, frozen_weights=frozen_weights,
                       update_meta=update if scheme is None else "%s:%s" % (update, scheme))
 
 
@@ -164,7 +176,8 @@ def resolve_selection(graph, update, scheme=None):
 
 
 def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="greedy", guard=0,
-               update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None, saved="float32"):
+               update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None, saved="float32",
+               frozen_weights="float32"):
     """The Plan of an IR graph (ir.Graph): the training step for `trainable` (a set of parameter
     names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
@@ -180,6 +193,14 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     origins.update((s["slice"], graph.origins[s["slice"]]) for s in splits.values())
     tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive",
                                   clip_grad=clip_grad, channels=channels, saved=saved)
+    w8 = []
+    if frozen_weights == "int8":   # frozen float conv weights as int8 + per-channel scales (w8.py)
+        from .w8 import int8_frozen_weights
+        w8 = int8_frozen_weights(tensors, ops)
+        if w8:
+            graph.notes.append("w8: %d frozen conv weights of float layers stored int8 with per-output-channel scales "
+                               "(%d B), their layers computing in float on the dequantized weights"
+                               % (len(w8), sum(t.nbytes for t in tensors if t.name in set(w8))))
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
         raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
                          "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")
@@ -197,6 +218,8 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         "channels": {p: {"axis": a, "channels": list(c)} for p, (a, c) in sorted(selected.items())},
         # of those, the weights whose trained channels are a parameter of their own (split.py)
         "split": splits,
+        # frozen conv weights of float layers stored int8, one scale per output channel (w8.py)
+        "w8": w8,
         "input": {"name": graph.input, "shape": [1] + list(values[graph.input].onnx_shape[1:])},
         "output": {"name": graph.output, "shape": [1] + list(values[graph.output].onnx_shape[1:])},
         "param_shapes": {t.name: list(t.onnx_shape) for t in tensors if t.flags & F.TFLAGS["PARAM"]},

@@ -139,12 +139,14 @@ def export_trained(plan, params, onnx_in, onnx_out=None):
     plain = {p for p in trainable if not info[p]["folds"] and info[p]["init"] == p and p in w.inits}
     for p in sorted(plain):
         w.overwrite(p, values[p])
+    w8 = set(meta.get("w8", []))
     for layer in meta["layers"]:
         names = [n for n in (layer["weight"], layer["bias"]) if n]
-        if not any(n in trainable and n not in plain for n in names):
+        # a frozen weight stored int8 (w8.py) is written as the dequantized weight the plan computes with
+        if not any(n in trainable and n not in plain for n in names) and layer["weight"] not in w8:
             continue
-        # a rewritten layer's frozen parameters keep the plan's (folded) values
-        vals = {n: values[n] if n in values else plan.constant(n).reshape(info[n]["shape"]) for n in names}
+        # a rewritten layer's frozen parameters keep the plan's (folded, dequantized) values
+        vals = {n: values[n] if n in values else plan.weight(n).reshape(info[n]["shape"]) for n in names}
         _write_layer(w, w.node(layer["node"]), layer, vals)
     w.drop_unread()
     onnx.checker.check_model(model)

@@ -15,8 +15,8 @@ VERSION = 2         # 2: int8 tensors, quantization table, input dtype, int8 ops
 ALIGN = 8           # every section, constant, state and arena offset is a multiple of this
 NO_TENSOR = 0xFFFF  # an absent optional tensor slot
 NO_NAME = 0xFFFFFFFF
-MAX_SLOTS = 12      # tensor slots per op (PWDW_Q8 has 11)
-MAX_ATTRS = 16      # int32 attributes per op
+MAX_SLOTS = 16      # tensor slots per op (CONV_DW_PW_Q8 has 16)
+MAX_ATTRS = 24      # int32 attributes per op (CONV_DW_PW_Q8 has 23)
 MAX_DIMS = 4
 
 # ---- header: (field, struct code); little-endian, packed in this order ----
@@ -176,6 +176,8 @@ POOL_ATTRS = ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_t", "pad_l",
 # the range of weight elements a gradient op trains: output channels [o_begin, o_begin+o_count)
 # and input channels (within a group) [i_begin, i_begin+i_count)
 RANGE_ATTRS = ("o_begin", "o_count", "i_begin", "i_count")
+# the depthwise stage of a streamed op: CONV_ATTRS but groups (the channel count)
+DW_ATTRS = ("dw_stride_h", "dw_stride_w", "dw_pad_t", "dw_pad_l", "dw_pad_b", "dw_pad_r", "dw_dil_h", "dw_dil_w")
 Q8_CLAMP = ("act_min", "act_max")     # int8 output clamp, -128 <= act_min <= act_max <= 127
 SINK = "w:param m:state? acc:state?"
 ACT_ATTRS = ("kind", "alpha_bits", "beta_bits")
@@ -274,6 +276,28 @@ OPS = (
     # y = acc + conv(x, w) (no bias): the trained input channels of a split weight (split.py)
     # added to the frozen part's output, in its memory
     OpSpec("CONV2D_ACC", 60, _s("x w acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),
+    # y = acc with t's K channels added into channels idx of it (y[idx[k]] += t[k]), in acc's
+    # memory: a depthwise weight trained on channels idx (split.py) adds its trained convolution
+    # to the frozen one's output, and a gathered input's gradient joins the frozen one's
+    OpSpec("SCATTER_ACC_CH", 71, _s("t idx:I32 acc y:out"), (), inplace=(("y", "acc"),)),
+    # an int8 conv (w0..shift0, the CONV attributes, groups 1; clamp act_min0/act_max0) streamed
+    # into a depthwise conv (w1..shift1, the dw_ attributes, groups = channels; act_min1/act_max1)
+    # streamed into a 1x1 conv (w..shift; act_min/act_max), row by row: the first conv's output
+    # exists only as `ring`, its last (KH-1)*dw_dil_h+1 rows (rows x E x W, its quantization), the
+    # depthwise output as `row`, one row (E x OW, its quantization); the same integers as the
+    # three ops (docs/quantization.md). A stem and its first block, or an expansion block
+    # without its input, never hold their large tensors.
+    OpSpec("CONV_DW_PW_Q8", 72, _s("x:I8 w0:I8 b0:I32? mult0:I32 shift0:I32 w1:I8 b1:I32? mult1:I32 shift1:I32 "
+                                   "w:I8 b:I32? mult:I32 shift:I32 ring:out:I8 row:out:I8 y:out:I8"),
+           CONV_ATTRS + DW_ATTRS + ("act_min0", "act_max0", "act_min1", "act_max1") + Q8_CLAMP),
+    # float activations with a frozen int8 weight (compile(frozen_weights="int8"), w8.py): the
+    # weight's quantization record gives one scale per output channel (axis 0, zero points 0), and
+    # each runs as the float op above on W' = float32(q) * scale[o], bit for bit. Filters of at most
+    # 64 taps (mt_conv.c, MT_W8_BUF)
+    OpSpec("CONV2D_W8", 61, _s("x w:I8 b? y:out"), CONV_ATTRS),
+    OpSpec("CONV2D_DW_INPLACE_W8", 62, _s("x w:I8 b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
+    OpSpec("CONV2D_BWD_INPUT_W8", 63, _s("dy w:I8 dx:out"), CONV_ATTRS),
+    OpSpec("CONV2D_BWD_INPUT_DW_INPLACE_W8", 64, _s("dy w:I8 s:out dx:out"), CONV_ATTRS, inplace=(("dx", "dy"),)),
     # CONV2D_Q8 depthwise (groups = channels) writing y over x, which nothing reads after it: each
     # int8 input channel is copied to s (one plane) before its output channel is written
     OpSpec("CONV2D_Q8_DW_INPLACE", 68, _s("x:I8 w:I8 b:I32? mult:I32 shift:I32 s:out:I8 y:out:I8"),
@@ -330,6 +354,8 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("STATE_PLAN", "state blob was saved with a different plan"),
     ("CHANGED", "plan bytes changed between mt_load and mt_attach"),
     ("GRAD", "gradient is not finite; parameters were not updated"),
+    ("W8_SCALES", "an int8 weight of a float op needs one scale per output channel (a per-channel quantization "
+                  "record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan"),
 )
 
 

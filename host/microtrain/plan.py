@@ -157,6 +157,15 @@ class Plan:
         return np.frombuffer(self.data, dt, t["bytes"] // dt.itemsize, self.header["data_off"] + t["offset"]) \
             .reshape(t["shape"]).copy()
 
+    def weight(self, name):
+        """A frozen weight as the kernels compute with it: a float32 constant as it is, an int8 one of
+        a float layer (compile(frozen_weights="int8"), w8.py) dequantized, float32(q) * scale[o]."""
+        i = self.tensor_index(name)
+        if name not in self.meta.get("w8", []):
+            return self.constant(name)
+        from .w8 import dequantize
+        return dequantize(self.constant(name), self.tensors[i]["quant"])
+
     def _quant(self, index):
         """The ir.Quant of quantization record `index`, or None."""
         from .ir import Quant

@@ -1,10 +1,17 @@
-"""Streaming the int8 inverted-residual expansion: a 1x1 int8 conv whose only reader is a
-depthwise int8 conv becomes one PWDW_Q8 node (modules/microtrain/mt_pwdw_q8.c), so the
-expanded tensor, the largest of an MCU network's first blocks, is never stored: the depthwise
-reads its rows from a ring of (k-1)*dilation+1 rows. The integers are those of the two convs.
+"""Streaming int8 convolutions so that their large tensors are never stored.
 
-Only where no gradient passes: the expanded tensor would be saved for a backward otherwise
-(CLIP_BWD_Q8 reads it), so a block downstream of a trainable layer stays two ops.
+- A conv (any kernel and stride, groups 1) whose only reader is a depthwise int8 conv whose only
+  reader is a 1x1 int8 conv becomes one CONV_DW_PW_Q8 node (modules/microtrain/mt_cdp_q8.c):
+  the first conv's output lives as a ring of (k-1)*dilation+1 rows, the depthwise output as one
+  row. An MCU network's stem with its first block, and each inverted-residual block (1x1
+  expansion, depthwise, 1x1 projection), then hold only their input and output.
+- Otherwise a 1x1 int8 conv whose only reader is a depthwise int8 conv becomes one PWDW_Q8 node
+  (modules/microtrain/mt_pwdw_q8.c): the expanded tensor, the largest of an MCU network's first
+  blocks, lives as its ring of rows only.
+The integers are those of the separate convs.
+
+Only where no gradient passes: the streamed tensors would be saved for a backward otherwise
+(CLIP_BWD_Q8 reads them), so a block downstream of a trainable layer stays separate ops.
 """
 from __future__ import annotations
 
@@ -38,10 +45,28 @@ def _fused(n, d, values):
     return Node("qpwdw", ins1 + ins2[1:], d.output, attrs, n.onnx_name + "+" + d.onnx_name, dict(d.parts))
 
 
-def fuse_pwdw(nodes, values, trainable, keep=()):
-    """nodes with each (1x1 qconv, depthwise qconv) pair whose expanded tensor nothing else reads
-    (no other node, no view, not in `keep`) and no gradient crosses replaced by a qpwdw node,
-    where the ring is shorter than the expanded tensor (else it saves nothing)."""
+def _fused3(n, d, p, values):
+    """The qcdp node of qconv n (groups 1), depthwise qconv d and 1x1 qconv p."""
+    from .ir import Node
+    ve, vd = values[n.output], values[d.output]
+    dw = {"dw_" + k: d.attrs[k] for k in ("stride_h", "stride_w", "pad_t", "pad_l", "pad_b", "pad_r", "dil_h",
+                                           "dil_w")}
+    attrs = dict({k: n.attrs[k] for k in POINTWISE}, **dw, act_min0=n.attrs["act_min"], act_max0=n.attrs["act_max"],
+                 act_min1=d.attrs["act_min"], act_max1=d.attrs["act_max"], act_min=p.attrs["act_min"],
+                 act_max=p.attrs["act_max"],
+                 ring=(n.output + "/ring", (_ring_rows(d, values), ve.shape[1], ve.shape[3]), ve.quant),
+                 row=(d.output + "/row", (vd.shape[1], vd.shape[3]), vd.quant),
+                 macs=ve.size * int(values[n.inputs[1]].data[0].size) + vd.size * int(values[d.inputs[1]].data[0].size))
+    ins = [(m.inputs + [None] * 5)[:5] for m in (n, d, p)]   # x w b mult shift
+    return Node("qcdp", ins[0] + ins[1][1:] + ins[2][1:], p.output, attrs,
+                "+".join(m.onnx_name for m in (n, d, p)), dict(p.parts))
+
+
+def fuse_pwdw(nodes, values, trainable, keep=(), three=True):
+    """nodes with each (qconv, depthwise qconv, 1x1 qconv) chain replaced by a qcdp node (if three) and each
+    other (1x1 qconv, depthwise qconv) pair by a qpwdw node, where the streamed tensors are read by
+    nothing else (no other node, no view, not in `keep`), no gradient crosses, and the ring is
+    shorter than the tensor it stands for (else it saves nothing)."""
     def root(name):
         while values[name].view_of is not None:
             name = values[name].view_of
@@ -56,14 +81,25 @@ def fuse_pwdw(nodes, values, trainable, keep=()):
             if i:
                 readers.setdefault(i, []).append(n)
     viewed = {v.view_of for v in values.values() if v.view_of is not None}
+
+    def streamable(v, reader):
+        """v's only reader is `reader`, and nothing else keeps v."""
+        users = readers.get(v, [])
+        return len(users) == 1 and users[0] is reader and v not in viewed and v not in keep and v not in grads
+
     out, skip = [], set()
     for k, n in enumerate(nodes):
         if id(n) in skip:
             continue
-        d, e = nodes[k + 1] if k + 1 < len(nodes) else None, n.output
-        users = readers.get(e, [])
-        if (d is not None and _is_pointwise(n, values) and len(users) == 1 and users[0] is d
-                and _is_depthwise_of(d, e, values) and e not in viewed and e not in keep and e not in grads
+        d, p = (nodes[k + j] if k + j < len(nodes) else None for j in (1, 2))
+        e = n.output
+        if (three and d is not None and n.op == "qconv" and n.attrs["groups"] == 1 and streamable(e, d)
+                and _is_depthwise_of(d, e, values) and _ring_rows(d, values) < values[e].shape[2]
+                and p is not None and _is_pointwise(p, values) and p.inputs[0] == d.output
+                and streamable(d.output, p)):
+            out.append(_fused3(n, d, p, values))
+            skip.update((id(d), id(p)))
+        elif (d is not None and _is_pointwise(n, values) and streamable(e, d) and _is_depthwise_of(d, e, values)
                 and _ring_rows(d, values) < values[e].shape[2]):
             out.append(_fused(n, d, values))
             skip.add(id(d))

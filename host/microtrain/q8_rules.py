@@ -52,6 +52,19 @@ def qpwdw(b, n, ins, y):
     return b.op("PWDW_Q8", "FORWARD", ins + [ring, y], attrs, n.onnx_name, macs)
 
 
+def qcdp(b, n, ins, y):
+    """A conv streamed into a depthwise conv streamed into a 1x1 conv (q8_fuse.py): the first
+    conv's output exists as its ring of rows, the depthwise output as one row, arena tensors of
+    this op alone."""
+    from .training import TTensor
+    scratch = [b.tensor(TTensor(name, shape, dtype="I8", quant=q)) for name, shape, q in (n.attrs["ring"],
+                                                                                       n.attrs["row"])]
+    w, ys = b.tensors[ins[9]], b.tensors[y].shape
+    macs = n.attrs["macs"] + ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:]))
+    spec = F.OPS_BY_NAME["CONV_DW_PW_Q8"]
+    return b.op("CONV_DW_PW_Q8", "FORWARD", ins + scratch + [y], [n.attrs[k] for k in spec.attrs], n.onnx_name, macs)
+
+
 def qgemm(b, n, ins, y):
     return b.op("GEMM_Q8", "FORWARD", ins + [y], [n.attrs["w_layout"], n.attrs["act_min"], n.attrs["act_max"]],
                 n.onnx_name, b.tensors[ins[1]].nbytes)
@@ -74,7 +87,7 @@ def qgap(b, n, ins, y):
     return b.op("GAP_Q8", "FORWARD", [ins[0], y], [n.attrs["mult"], n.attrs["shift"]], n.onnx_name)
 
 
-FORWARD = {"quantize": quantize, "dequantize": dequantize, "qconv": qconv, "qpwdw": qpwdw, "qgemm": qgemm,
+FORWARD = {"quantize": quantize, "dequantize": dequantize, "qconv": qconv, "qpwdw": qpwdw, "qcdp": qcdp, "qgemm": qgemm,
            "qadd": qadd, "qmaxpool": qmaxpool, "qavgpool": qavgpool, "qgap": qgap}
 
 

@@ -309,8 +309,8 @@ class _Lowering:
 def lower(graph, trainable, input_dtype="F32", scope="prefix", fuse=True):
     """The int8 form of an annotated graph (graph.quant, graph.wquant): a new ir.Graph whose frozen
     annotated nodes are int8 nodes. With input_dtype I8 or U8 the plan takes its input as int8
-    (or uint8) values of the input's quantization instead of float32. fuse: a 1x1 int8 conv
-    streamed into the depthwise int8 conv that alone reads it (q8_fuse.py, the same integers)."""
+    (or uint8) values of the input's quantization instead of float32. fuse: True streams int8 convs
+    (q8_fuse.py, the same integers), "pwdw" only 1x1 convs into depthwise ones, False none."""
     if not graph.quant:
         return graph
     graph.quant = dict(graph.quant)
@@ -336,18 +336,19 @@ def lower(graph, trainable, input_dtype="F32", scope="prefix", fuse=True):
         notes.append("the trainable part runs in float32: the int8 rounding of %d value%s after the first trainable "
                      "layer is left out (%s)" % (len(dropped), "" if len(dropped) == 1 else "s",
                                                  ", ".join(dropped[:4]) + (", ..." if len(dropped) > 4 else "")))
-    fused = 0
     if fuse:
         from .q8_fuse import fuse_pwdw
-        n_before = len(low.nodes)
-        low.nodes = fuse_pwdw(low.nodes, low.values, trainable, keep=(inp, out))
-        fused = n_before - len(low.nodes)
+        low.nodes = fuse_pwdw(low.nodes, low.values, trainable, keep=(inp, out), three=fuse is True)
     n_int8 = sum(1 for n in low.nodes if n.op.startswith("q") and n.op != "quantize")
     notes.append("int8: %d op%s run in int8 (%s)" % (n_int8, "" if n_int8 == 1 else "s",
                                                      graph.quant_source or "quantized"))
-    if fused:
+    n3, n2 = (sum(1 for n in low.nodes if n.op == op) for op in ("qcdp", "qpwdw"))
+    if n3:
+        notes.append("int8: %d of them (CONV_DW_PW_Q8) a conv, a depthwise conv and a 1x1 conv streamed row by "
+                     "row: the first two outputs are never stored" % n3)
+    if n2:
         notes.append("int8: %d of them (PWDW_Q8) a 1x1 conv streamed into the depthwise conv after it: the "
-                     "expanded tensor is never stored" % fused)
+                     "expanded tensor is never stored" % n2)
     new = Graph(low.values, low.nodes, inp, out, notes, graph.dropped_output_op, dict(graph.origins),
                 graph.fingerprint)
     new.quant, new.wquant, new.quant_source = graph.quant, graph.wquant, graph.quant_source

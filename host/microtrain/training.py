@@ -500,10 +500,11 @@ class Clip:
     @staticmethod
     def only_clip_bwd_reads(b, name):
         """Whether the backward reads value `name` only for this Clip's mask: every reader is a
-        layer whose weight does not train (its backward reads dy and the weight, not x)."""
+        layer whose weight does not train (its backward reads dy and the weight, not x) or the
+        gather of a split weight's channels (split.py: the weight gradient reads its copy)."""
         users = b.g.consumers(name)
-        return bool(users) and all(u.op in ("conv", "gemm") and u.inputs[0] == name and u.weight() not in b.trainable
-                                   for u in users)
+        return bool(users) and all(u.op == "gather" or (u.op in ("conv", "gemm") and u.inputs[0] == name
+                                                        and u.weight() not in b.trainable) for u in users)
 
     def backward(self, b, n, ins, dy):
         x = n.inputs[0]
@@ -636,10 +637,32 @@ class Gather:
 
     def backward(self, b, n, ins, dy):
         x = n.inputs[0]
-        if b.wants(x):
-            dx = b.grad_tensor(x, ins[0])
+        if not b.wants(x):
+            return
+        dx = b.grad_tensor(x, ins[0])
+        if x in b.grad and b.g.values[x].view_of is None:   # the frozen part's gradient: add into it
+            b.op("SCATTER_ACC_CH", "TRAIN", [dy, ins[1], b.grad[x], dx], [], n.onnx_name)
+            b.grad[x] = dx
+        else:
             b.op("SCATTER_CH", "TRAIN", [dy, ins[1], dx], [], n.onnx_name)
             b.contribute(x, dx)
+
+
+@rule("scatter_acc")
+class ScatterAcc:
+    """y = acc, y[idx[k]] += t[k] (a depthwise weight's trained channels, split.py): acc's
+    gradient is dy, t's the channels idx of dy."""
+
+    def forward(self, b, n, ins, y):
+        return b.op("SCATTER_ACC_CH", "FORWARD", [ins[0], ins[1], ins[2], y], [], n.onnx_name)
+
+    def backward(self, b, n, ins, dy):
+        t = n.inputs[0]
+        if b.wants(t):
+            dt = b.grad_tensor(t, ins[0])
+            b.op("GATHER_CH", "TRAIN", [dy, ins[1], dt], [], n.onnx_name)
+            b.contribute(t, dt)
+        b.contribute(n.inputs[2], dy)
 
 
 class Q8Rule:

@@ -18,7 +18,9 @@
  * filter rows, filter columns), and each weight gradient its terms in output order.
  */
 #include <string.h>
-#include "mt_core.h"
+#include "mt_q8.h"
+
+#define MT_W8_BUF 64   /* floats of dequantized weights on the stack (W8 ops, below): filters of <= 64 taps */
 
 typedef mt_conv_geom_t conv_geom_t;   /* mt_core.h: the int8 kernels share it */
 
@@ -846,18 +848,29 @@ static void bwd_input_pair(const pass_t *p, const pass_t *q, uint8_t kind, const
     }
 }
 
-static int conv_bwd_input_run(mt_ctx_t *ctx, const void *rec) {
-    const conv_bwd_input_rec_t *r = rec;
+static void w8_filters(const int8_t *q, const float *scales, uint32_t o, uint32_t n, size_t taps, float *out);
+
+static void bwd_input_pw_w8(const conv_geom_t *g, const float *dy, const int8_t *w, const float *scales, float *buf,
+    float *dx);
+
+/* The float weight w, or (CONV2D_BWD_INPUT_W8) the int8 weight wq with its scales, dequantized into
+ * the caller's buf (MT_W8_BUF floats) a filter, or for a 1x1 a block of the product, at a time. */
+static void conv_bwd_input(const conv_bwd_input_rec_t *r, mt_ctx_t *ctx, const float *w, const int8_t *wq,
+    const float *scales, float *buf) {
     const conv_geom_t *g = &r->g;
-    const float *dy = MT_F32(ctx, r->dy), *w = MT_F32(ctx, r->w);
+    const float *dy = MT_F32(ctx, r->dy);
     float *dx = MT_F32(ctx, r->dx);
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
     if (r->h.kind == KIND_POINTWISE) {   /* dx[c] = sum_o w[o][c] dy[o]: the transposed product */
+        if (wq != NULL) {
+            bwd_input_pw_w8(g, dy, wq, scales, buf, dx);
+            return;
+        }
         for (uint32_t gi = 0; gi < g->G; gi++) {
             pw_product(w + gi * g->Og * g->Cg, 1, (int32_t)g->Cg, g->Cg, g->Og, dy + gi * g->Og * oplane,
                 (uint32_t)plane, NULL, NULL, dx + gi * g->Cg * plane);
         }
-        return MT_OK;
+        return;
     }
     memset(dx, 0, (size_t)g->C * plane * sizeof(float));
     pass_t p, q;
@@ -867,9 +880,18 @@ static int conv_bwd_input_run(mt_ctx_t *ctx, const void *rec) {
     for (uint32_t c = 0; c < g->C; c++) {
         uint32_t gi = c / g->Cg, cg = c - gi * g->Cg;
         for (uint32_t o = gi * g->Og; o < (gi + 1) * g->Og; o++) {
-            bwd_input_pair(&p, &q, r->h.kind, dy + o * oplane, dx + c * plane, w + (o * g->Cg + cg) * taps);
+            const size_t at = (o * g->Cg + cg) * taps;
+            if (wq != NULL) {
+                w8_filters(wq + at, scales, o, 1, taps, buf);
+            }
+            bwd_input_pair(&p, &q, r->h.kind, dy + o * oplane, dx + c * plane, wq != NULL ? buf : w + at);
         }
     }
+}
+
+static int conv_bwd_input_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_bwd_input_rec_t *r = rec;
+    conv_bwd_input(r, ctx, MT_F32(ctx, r->w), NULL, NULL, NULL);
     return MT_OK;
 }
 
@@ -914,10 +936,12 @@ static uint32_t conv_bwd_input_dw_prepare(const mt_ctx_t *ctx, const mt_op_t *op
     return sizeof(conv_bwd_input_dw_rec_t);
 }
 
-static int conv_bwd_input_dw_run(mt_ctx_t *ctx, const void *rec) {
-    const conv_bwd_input_dw_rec_t *r = rec;
+/* The float weight w, or (CONV2D_BWD_INPUT_DW_INPLACE_W8) the int8 weight wq with its scales,
+ * each filter dequantized into the caller's `filter` (MT_W8_BUF floats) before its pass. */
+static void conv_bwd_input_dw(const conv_bwd_input_dw_rec_t *r, mt_ctx_t *ctx, const float *w, const int8_t *wq,
+    const float *scales, float *filter) {
     const conv_geom_t *g = &r->g;
-    const float *dy = MT_F32(ctx, r->dy), *w = MT_F32(ctx, r->w);
+    const float *dy = MT_F32(ctx, r->dy);
     float *s = MT_F32(ctx, r->s), *dx = MT_F32(ctx, r->dx);
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
     pass_t p, q;
@@ -926,8 +950,16 @@ static int conv_bwd_input_dw_run(mt_ctx_t *ctx, const void *rec) {
     for (uint32_t c = 0; c < g->C; c++) {
         memcpy(s, dy + c * oplane, oplane * sizeof(float));
         memset(dx + c * plane, 0, plane * sizeof(float));
-        bwd_input_pair(&p, &q, r->h.kind, s, dx + c * plane, w + c * taps);
+        if (wq != NULL) {
+            w8_filters(wq + c * taps, scales, c, 1, taps, filter);
+        }
+        bwd_input_pair(&p, &q, r->h.kind, s, dx + c * plane, wq != NULL ? filter : w + c * taps);
     }
+}
+
+static int conv_bwd_input_dw_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_bwd_input_dw_rec_t *r = rec;
+    conv_bwd_input_dw(r, ctx, MT_F32(ctx, r->w), NULL, NULL, NULL);
     return MT_OK;
 }
 
@@ -1031,3 +1063,210 @@ void mt_conv_prepare_geom(const int32_t *a, const mt_tensor_t *x, const mt_tenso
     mt_conv_geom_t *g) {
     conv_prepare_geom(a, x, w, y, g);
 }
+
+/* ---- float convolutions with a frozen int8 weight (W8: compile(frozen_weights="int8"), w8.py) ----
+ * The weight is int8 with one scale per output channel (its quantization record, axis 0, zero
+ * points 0). Each op runs its float op's own loops on W' = float32(q) * scale[o]: the forward is
+ * cut into sub-convolutions of one output channel (two for a 1x1 product) and as many input
+ * channels as MT_W8_BUF floats hold, dequantized into a stack buffer; each sub-convolution sums
+ * on from where the last one stopped (acc = y), so every output sums the same terms in the same
+ * order as the float op on W', bit for bit. The input gradients dequantize a filter at a time
+ * (conv_bwd_input, conv_bwd_input_dw above), a 1x1 one a block of two input channels by up to
+ * MT_W8_BUF / 2 output channels (bwd_input_pw_w8). */
+
+typedef char w8_slots_match_float[(MT_CONV2D_W8_W == MT_CONV2D_W && MT_CONV2D_W8_B == MT_CONV2D_B
+    && MT_CONV2D_W8_Y == MT_CONV2D_Y && MT_CONV2D_DW_INPLACE_W8_S == MT_CONV2D_DW_INPLACE_S
+    && MT_CONV2D_DW_INPLACE_W8_Y == MT_CONV2D_DW_INPLACE_Y && MT_CONV2D_BWD_INPUT_W8_W == MT_CONV2D_BWD_INPUT_W
+    && MT_CONV2D_BWD_INPUT_W8_DX == MT_CONV2D_BWD_INPUT_DX && MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_S == MT_CONV2D_BWD_INPUT_DW_INPLACE_S
+    && MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_DX == MT_CONV2D_BWD_INPUT_DW_INPLACE_DX) ? 1 : -1];
+
+/* out = the n filters of output channel o (taps each) of int8 q, times scale[o] */
+static void w8_filters(const int8_t *q, const float *scales, uint32_t o, uint32_t n, size_t taps, float *out) {
+    const float s = scales[o];
+    for (size_t i = 0; i < n * taps; i++) {
+        out[i] = (float)q[i] * s;
+    }
+}
+
+/* w: an int8 weight whose quantization record has one scale per output channel, filters that fit
+ * the buffer; *scales its scales' reference */
+static int w8_weight_ok(const mt_ctx_t *ctx, const mt_tensor_t *w, uint32_t *scales) {
+    mt_quant_t q;
+    if (w->ndim != 4 || (uint64_t)w->dim[2] * w->dim[3] > MT_W8_BUF || !mt_quant_of(ctx, w, &q)
+        || q.axis != 0 || q.scales == MT_REF_NONE || !mt_q8_weight_ok(ctx, w, 0, w->dim[0])) {
+        return 0;
+    }
+    if (scales != NULL) {
+        *scales = q.scales;
+    }
+    return 1;
+}
+
+/* conv_forward on the dequantized weight: y = b + conv(x, W'), or acc + conv(x, W') */
+static void conv_forward_w8(const conv_geom_t *g, uint8_t kind, const float *x, const int8_t *w, const float *scales,
+    const float *b, const float *acc, float *scratch, float *y) {
+    const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
+    const uint32_t rows = kind == KIND_POINTWISE ? 2 : 1;
+    const uint32_t chunk = (uint32_t)(MT_W8_BUF / (rows * taps));
+    float buf[MT_W8_BUF];
+    uint32_t nr;
+    for (uint32_t o = 0; o < g->O; o += nr) {
+        const uint32_t gi = o / g->Og;
+        nr = rows == 2 && o + 1 < (gi + 1) * g->Og ? 2 : 1;
+        float *yo = y + o * oplane;
+        for (uint32_t c0 = 0; c0 < g->Cg; c0 += chunk) {
+            const uint32_t nc = g->Cg - c0 < chunk ? g->Cg - c0 : chunk;
+            for (uint32_t k = 0; k < nr; k++) {
+                w8_filters(w + ((o + k) * g->Cg + c0) * taps, scales, o + k, nc, taps, buf + k * nc * taps);
+            }
+            conv_geom_t sub = *g;
+            sub.C = sub.Cg = nc;
+            sub.O = sub.Og = nr;
+            sub.G = 1;
+            conv_forward(&sub, kind, x + (gi * g->Cg + c0) * plane, buf, c0 == 0 && b != NULL ? b + o : NULL,
+                c0 == 0 ? (acc != NULL ? acc + o * oplane : NULL) : yo, scratch, yo);
+        }
+    }
+}
+
+typedef struct {
+    conv_rec_t f;   /* as CONV2D */
+    uint32_t scales;
+} conv_w8_rec_t;
+
+/* the float op's check, then the weight's scales */
+static int w8_check(int float_check, const mt_ctx_t *ctx, const mt_tensor_t *w) {
+    return float_check != MT_OK ? float_check : w8_weight_ok(ctx, w, NULL) ? MT_OK : MT_E_W8_SCALES;
+}
+
+static int conv_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    return w8_check(conv_check(ctx, op), ctx, &op->t[MT_CONV2D_W8_W]);
+}
+
+static uint32_t conv_w8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_w8_rec_t *r = rec;
+    if (r != NULL) {
+        conv_prepare(ctx, op, &r->f);
+        w8_weight_ok(ctx, &op->t[MT_CONV2D_W8_W], &r->scales);
+    }
+    return sizeof(conv_w8_rec_t);
+}
+
+static int conv_w8_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_w8_rec_t *r = rec;
+    conv_forward_w8(&r->f.g, r->f.h.kind, MT_F32(ctx, r->f.x), (const int8_t *)mt_ptr(ctx, r->f.w),
+        MT_F32(ctx, r->scales), MT_F32(ctx, r->f.b), NULL, NULL, MT_F32(ctx, r->f.y));
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_W8 = {conv_w8_check, conv_w8_prepare, conv_w8_run};
+
+typedef struct {
+    conv_dw_rec_t f;
+    uint32_t scales;
+} conv_dw_w8_rec_t;
+
+static int conv_dw_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    return w8_check(conv_dw_check(ctx, op), ctx, &op->t[MT_CONV2D_DW_INPLACE_W8_W]);
+}
+
+static uint32_t conv_dw_w8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_dw_w8_rec_t *r = rec;
+    if (r != NULL) {
+        conv_dw_prepare(ctx, op, &r->f);
+        w8_weight_ok(ctx, &op->t[MT_CONV2D_DW_INPLACE_W8_W], &r->scales);
+    }
+    return sizeof(conv_dw_w8_rec_t);
+}
+
+static int conv_dw_w8_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_dw_w8_rec_t *r = rec;
+    conv_forward_w8(&r->f.g, r->f.h.kind, MT_F32(ctx, r->f.x), (const int8_t *)mt_ptr(ctx, r->f.w),
+        MT_F32(ctx, r->scales), MT_F32(ctx, r->f.b), NULL, MT_F32(ctx, r->f.s), MT_F32(ctx, r->f.y));
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_DW_INPLACE_W8 = {conv_dw_w8_check, conv_dw_w8_prepare, conv_dw_w8_run};
+
+typedef struct {
+    conv_bwd_input_dw_rec_t f;
+    uint32_t scales;
+} conv_bwd_input_dw_w8_rec_t;
+
+static int conv_bwd_input_dw_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    return w8_check(conv_bwd_input_dw_check(ctx, op), ctx, &op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_W]);
+}
+
+static uint32_t conv_bwd_input_dw_w8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_bwd_input_dw_w8_rec_t *r = rec;
+    if (r != NULL) {
+        conv_bwd_input_dw_prepare(ctx, op, &r->f);
+        w8_weight_ok(ctx, &op->t[MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_W], &r->scales);
+    }
+    return sizeof(conv_bwd_input_dw_w8_rec_t);
+}
+
+static int conv_bwd_input_dw_w8_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_bwd_input_dw_w8_rec_t *r = rec;
+    float filter[MT_W8_BUF];
+    conv_bwd_input_dw(&r->f, ctx, NULL, (const int8_t *)mt_ptr(ctx, r->f.w), MT_F32(ctx, r->scales), filter);
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_BWD_INPUT_DW_INPLACE_W8 = {conv_bwd_input_dw_w8_check, conv_bwd_input_dw_w8_prepare,
+    conv_bwd_input_dw_w8_run};
+
+/* The 1x1 input gradient dx[c] = sum_o w'[o][c] dy[o] as CONV2D_BWD_INPUT's transposed product, in
+ * blocks of two input channels by up to MT_W8_BUF / 2 output channels dequantized into buf, each
+ * block summing on from where the last stopped: every dx sums its terms in increasing o. */
+static void bwd_input_pw_w8(const conv_geom_t *g, const float *dy, const int8_t *w, const float *scales, float *buf,
+    float *dx) {
+    const size_t plane = (size_t)g->H * g->W;
+    const uint32_t chunk = MT_W8_BUF / 2;
+    uint32_t nr;
+    for (uint32_t gi = 0; gi < g->G; gi++) {
+        for (uint32_t c = 0; c < g->Cg; c += nr) {
+            nr = c + 1 < g->Cg ? 2 : 1;
+            float *dxc = dx + (gi * g->Cg + c) * plane;
+            for (uint32_t o0 = 0; o0 < g->Og; o0 += chunk) {
+                const uint32_t no = g->Og - o0 < chunk ? g->Og - o0 : chunk;
+                for (uint32_t k = 0; k < nr; k++) {
+                    for (uint32_t j = 0; j < no; j++) {
+                        const uint32_t o = gi * g->Og + o0 + j;
+                        buf[k * no + j] = (float)w[o * g->Cg + c + k] * scales[o];
+                    }
+                }
+                pw_product(buf, (int32_t)no, 1, nr, no, dy + (gi * g->Og + o0) * plane, (uint32_t)plane, NULL,
+                    o0 == 0 ? NULL : dxc, dxc);
+            }
+        }
+    }
+}
+
+typedef struct {
+    conv_bwd_input_rec_t f;
+    uint32_t scales;
+} conv_bwd_input_w8_rec_t;
+
+static int conv_bwd_input_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    return w8_check(conv_bwd_input_check(ctx, op), ctx, &op->t[MT_CONV2D_BWD_INPUT_W8_W]);
+}
+
+static uint32_t conv_bwd_input_w8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_bwd_input_w8_rec_t *r = rec;
+    if (r != NULL) {
+        conv_bwd_input_prepare(ctx, op, &r->f);
+        w8_weight_ok(ctx, &op->t[MT_CONV2D_BWD_INPUT_W8_W], &r->scales);
+    }
+    return sizeof(conv_bwd_input_w8_rec_t);
+}
+
+static int conv_bwd_input_w8_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_bwd_input_w8_rec_t *r = rec;
+    float buf[MT_W8_BUF];
+    conv_bwd_input(&r->f, ctx, NULL, (const int8_t *)mt_ptr(ctx, r->f.w), MT_F32(ctx, r->scales), buf);
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_BWD_INPUT_W8 = {conv_bwd_input_w8_check, conv_bwd_input_w8_prepare,
+    conv_bwd_input_w8_run};

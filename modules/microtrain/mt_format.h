@@ -8,8 +8,8 @@
 #define MT_ALIGN 8
 #define MT_NO_TENSOR 0xFFFF
 #define MT_NO_NAME 0xFFFFFFFFU
-#define MT_MAX_SLOTS 12
-#define MT_MAX_ATTRS 16
+#define MT_MAX_SLOTS 16
+#define MT_MAX_ATTRS 24
 #define MT_MAX_DIMS 4
 #define MT_CRC_START 16
 #define MT_OP_HEAD_BYTES 4
@@ -663,6 +663,119 @@
 #define MT_CONV2D_ACC_A_DIL_H 6
 #define MT_CONV2D_ACC_A_DIL_W 7
 #define MT_CONV2D_ACC_A_GROUPS 8
+#define MT_OP_SCATTER_ACC_CH 71
+#define MT_SCATTER_ACC_CH_NSLOTS 4
+#define MT_SCATTER_ACC_CH_NATTRS 0
+#define MT_SCATTER_ACC_CH_T 0
+#define MT_SCATTER_ACC_CH_IDX 1
+#define MT_SCATTER_ACC_CH_ACC 2
+#define MT_SCATTER_ACC_CH_Y 3
+#define MT_OP_CONV_DW_PW_Q8 72
+#define MT_CONV_DW_PW_Q8_NSLOTS 16
+#define MT_CONV_DW_PW_Q8_NATTRS 23
+#define MT_CONV_DW_PW_Q8_X 0
+#define MT_CONV_DW_PW_Q8_W0 1
+#define MT_CONV_DW_PW_Q8_B0 2
+#define MT_CONV_DW_PW_Q8_MULT0 3
+#define MT_CONV_DW_PW_Q8_SHIFT0 4
+#define MT_CONV_DW_PW_Q8_W1 5
+#define MT_CONV_DW_PW_Q8_B1 6
+#define MT_CONV_DW_PW_Q8_MULT1 7
+#define MT_CONV_DW_PW_Q8_SHIFT1 8
+#define MT_CONV_DW_PW_Q8_W 9
+#define MT_CONV_DW_PW_Q8_B 10
+#define MT_CONV_DW_PW_Q8_MULT 11
+#define MT_CONV_DW_PW_Q8_SHIFT 12
+#define MT_CONV_DW_PW_Q8_RING 13
+#define MT_CONV_DW_PW_Q8_ROW 14
+#define MT_CONV_DW_PW_Q8_Y 15
+#define MT_CONV_DW_PW_Q8_A_STRIDE_H 0
+#define MT_CONV_DW_PW_Q8_A_STRIDE_W 1
+#define MT_CONV_DW_PW_Q8_A_PAD_T 2
+#define MT_CONV_DW_PW_Q8_A_PAD_L 3
+#define MT_CONV_DW_PW_Q8_A_PAD_B 4
+#define MT_CONV_DW_PW_Q8_A_PAD_R 5
+#define MT_CONV_DW_PW_Q8_A_DIL_H 6
+#define MT_CONV_DW_PW_Q8_A_DIL_W 7
+#define MT_CONV_DW_PW_Q8_A_GROUPS 8
+#define MT_CONV_DW_PW_Q8_A_DW_STRIDE_H 9
+#define MT_CONV_DW_PW_Q8_A_DW_STRIDE_W 10
+#define MT_CONV_DW_PW_Q8_A_DW_PAD_T 11
+#define MT_CONV_DW_PW_Q8_A_DW_PAD_L 12
+#define MT_CONV_DW_PW_Q8_A_DW_PAD_B 13
+#define MT_CONV_DW_PW_Q8_A_DW_PAD_R 14
+#define MT_CONV_DW_PW_Q8_A_DW_DIL_H 15
+#define MT_CONV_DW_PW_Q8_A_DW_DIL_W 16
+#define MT_CONV_DW_PW_Q8_A_ACT_MIN0 17
+#define MT_CONV_DW_PW_Q8_A_ACT_MAX0 18
+#define MT_CONV_DW_PW_Q8_A_ACT_MIN1 19
+#define MT_CONV_DW_PW_Q8_A_ACT_MAX1 20
+#define MT_CONV_DW_PW_Q8_A_ACT_MIN 21
+#define MT_CONV_DW_PW_Q8_A_ACT_MAX 22
+#define MT_OP_CONV2D_W8 61
+#define MT_CONV2D_W8_NSLOTS 4
+#define MT_CONV2D_W8_NATTRS 9
+#define MT_CONV2D_W8_X 0
+#define MT_CONV2D_W8_W 1
+#define MT_CONV2D_W8_B 2
+#define MT_CONV2D_W8_Y 3
+#define MT_CONV2D_W8_A_STRIDE_H 0
+#define MT_CONV2D_W8_A_STRIDE_W 1
+#define MT_CONV2D_W8_A_PAD_T 2
+#define MT_CONV2D_W8_A_PAD_L 3
+#define MT_CONV2D_W8_A_PAD_B 4
+#define MT_CONV2D_W8_A_PAD_R 5
+#define MT_CONV2D_W8_A_DIL_H 6
+#define MT_CONV2D_W8_A_DIL_W 7
+#define MT_CONV2D_W8_A_GROUPS 8
+#define MT_OP_CONV2D_DW_INPLACE_W8 62
+#define MT_CONV2D_DW_INPLACE_W8_NSLOTS 5
+#define MT_CONV2D_DW_INPLACE_W8_NATTRS 9
+#define MT_CONV2D_DW_INPLACE_W8_X 0
+#define MT_CONV2D_DW_INPLACE_W8_W 1
+#define MT_CONV2D_DW_INPLACE_W8_B 2
+#define MT_CONV2D_DW_INPLACE_W8_S 3
+#define MT_CONV2D_DW_INPLACE_W8_Y 4
+#define MT_CONV2D_DW_INPLACE_W8_A_STRIDE_H 0
+#define MT_CONV2D_DW_INPLACE_W8_A_STRIDE_W 1
+#define MT_CONV2D_DW_INPLACE_W8_A_PAD_T 2
+#define MT_CONV2D_DW_INPLACE_W8_A_PAD_L 3
+#define MT_CONV2D_DW_INPLACE_W8_A_PAD_B 4
+#define MT_CONV2D_DW_INPLACE_W8_A_PAD_R 5
+#define MT_CONV2D_DW_INPLACE_W8_A_DIL_H 6
+#define MT_CONV2D_DW_INPLACE_W8_A_DIL_W 7
+#define MT_CONV2D_DW_INPLACE_W8_A_GROUPS 8
+#define MT_OP_CONV2D_BWD_INPUT_W8 63
+#define MT_CONV2D_BWD_INPUT_W8_NSLOTS 3
+#define MT_CONV2D_BWD_INPUT_W8_NATTRS 9
+#define MT_CONV2D_BWD_INPUT_W8_DY 0
+#define MT_CONV2D_BWD_INPUT_W8_W 1
+#define MT_CONV2D_BWD_INPUT_W8_DX 2
+#define MT_CONV2D_BWD_INPUT_W8_A_STRIDE_H 0
+#define MT_CONV2D_BWD_INPUT_W8_A_STRIDE_W 1
+#define MT_CONV2D_BWD_INPUT_W8_A_PAD_T 2
+#define MT_CONV2D_BWD_INPUT_W8_A_PAD_L 3
+#define MT_CONV2D_BWD_INPUT_W8_A_PAD_B 4
+#define MT_CONV2D_BWD_INPUT_W8_A_PAD_R 5
+#define MT_CONV2D_BWD_INPUT_W8_A_DIL_H 6
+#define MT_CONV2D_BWD_INPUT_W8_A_DIL_W 7
+#define MT_CONV2D_BWD_INPUT_W8_A_GROUPS 8
+#define MT_OP_CONV2D_BWD_INPUT_DW_INPLACE_W8 64
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_NSLOTS 4
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_NATTRS 9
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_DY 0
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_W 1
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_S 2
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_DX 3
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_STRIDE_H 0
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_STRIDE_W 1
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_PAD_T 2
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_PAD_L 3
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_PAD_B 4
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_PAD_R 5
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_DIL_H 6
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_DIL_W 7
+#define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_GROUPS 8
 #define MT_OP_CONV2D_Q8_DW_INPLACE 68
 #define MT_CONV2D_Q8_DW_INPLACE_NSLOTS 7
 #define MT_CONV2D_Q8_DW_INPLACE_NATTRS 11
@@ -701,7 +814,7 @@
 #define MT_CONV2D_PW_INPLACE_A_DIL_H 6
 #define MT_CONV2D_PW_INPLACE_A_DIL_W 7
 #define MT_CONV2D_PW_INPLACE_A_GROUPS 8
-#define MT_OP_MAX 69
+#define MT_OP_MAX 72
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -753,6 +866,12 @@
     X(CONV2D_DW_INPLACE) \
     X(CONV2D_BWD_INPUT_DW_INPLACE) \
     X(CONV2D_ACC) \
+    X(SCATTER_ACC_CH) \
+    X(CONV_DW_PW_Q8) \
+    X(CONV2D_W8) \
+    X(CONV2D_DW_INPLACE_W8) \
+    X(CONV2D_BWD_INPUT_W8) \
+    X(CONV2D_BWD_INPUT_DW_INPLACE_W8) \
     X(CONV2D_Q8_DW_INPLACE) \
     X(CONV2D_PW_INPLACE)
 
@@ -845,15 +964,18 @@
     {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_W8 */ \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE_W8 */ \
+    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_W8 */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE_W8 */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {7, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {6, 0, 255, 255}}, /* CONV2D_Q8_DW_INPLACE */ \
     {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_PW_INPLACE */ \
+    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* SCATTER_ACC_CH */ \
+    {16, 23, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV_DW_PW_Q8 */ \
 }
 
 /* error codes */
@@ -894,7 +1016,8 @@
 #define MT_E_STATE_PLAN 34
 #define MT_E_CHANGED 35
 #define MT_E_GRAD 36
-#define MT_E_COUNT 37
+#define MT_E_W8_SCALES 37
+#define MT_E_COUNT 38
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -933,6 +1056,7 @@
     "state blob is corrupted (bad magic, version, field or CRC)\0" \
     "state blob was saved with a different plan\0" \
     "plan bytes changed between mt_load and mt_attach\0" \
-    "gradient is not finite; parameters were not updated\0"
+    "gradient is not finite; parameters were not updated\0" \
+    "an int8 weight of a float op needs one scale per output channel (a per-channel quantization record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan\0"
 
 #endif /* MT_FORMAT_H */

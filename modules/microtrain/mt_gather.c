@@ -2,7 +2,9 @@
  * channels only (docs/sparse.md). Such a convolution runs as a frozen convolution over every
  * channel (the trained channels' weights zero, in flash) plus a trained one over the gathered
  * channels, so that only the trained slice of the weight lives in RAM.
- * GATHER_CH: y[k] = x[idx[k]] (whole channel planes); SCATTER_CH: dx = 0, dx[idx[k]] += dy[k]. */
+ * GATHER_CH: y[k] = x[idx[k]] (whole channel planes); SCATTER_CH: dx = 0, dx[idx[k]] += dy[k];
+ * SCATTER_ACC_CH: y = acc, y[idx[k]] += t[k] (a depthwise weight's trained channels added to
+ * the frozen convolution's output, a gathered input's gradient added to the frozen one's). */
 #include <string.h>
 #include "mt_core.h"
 
@@ -102,3 +104,53 @@ static int scatter_run(mt_ctx_t *ctx, const void *rec) {
 }
 
 const mt_opdef_t mt_op_SCATTER_CH = {scatter_check, scatter_prepare, scatter_run};
+
+static int scatter_acc_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *acc = &op->t[MT_SCATTER_ACC_CH_ACC], *y = &op->t[MT_SCATTER_ACC_CH_Y];
+    if (acc->ndim != y->ndim || acc->n != y->n) {
+        return MT_E_SHAPE;
+    }
+    for (uint32_t d = 0; d < y->ndim; d++) {
+        if (acc->dim[d] != y->dim[d]) {
+            return MT_E_SHAPE;
+        }
+    }
+    return gather_shapes_ok(ctx, y, &op->t[MT_SCATTER_ACC_CH_T], &op->t[MT_SCATTER_ACC_CH_IDX]) ? MT_OK : MT_E_SHAPE;
+}
+
+typedef struct {
+    gather_rec_t g;               /* src: t, dst: y */
+    uint32_t acc;
+} scatter_acc_rec_t;
+
+static uint32_t scatter_acc_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    (void)ctx;
+    scatter_acc_rec_t *r = rec;
+    if (r != NULL) {
+        gather_fill(op, &r->g, MT_SCATTER_ACC_CH_T, MT_SCATTER_ACC_CH_Y, MT_SCATTER_ACC_CH_IDX,
+            &op->t[MT_SCATTER_ACC_CH_T]);
+        r->acc = op->t[MT_SCATTER_ACC_CH_ACC].ref;
+    }
+    return sizeof(scatter_acc_rec_t);
+}
+
+/* y is acc itself (in place) or overlaps neither input (the load-time alias check) */
+static int scatter_acc_run(mt_ctx_t *ctx, const void *rec) {
+    const scatter_acc_rec_t *r = rec;
+    const float *t = MT_F32(ctx, r->g.src);
+    float *y = MT_F32(ctx, r->g.dst);
+    const uint8_t *idx = (const uint8_t *)mt_ptr(ctx, r->g.idx);
+    if (r->acc != r->g.dst) {
+        memcpy(y, MT_F32(ctx, r->acc), r->g.n_dst * sizeof(float));
+    }
+    for (uint32_t k = 0; k < r->g.k; k++) {
+        float *yk = y + (size_t)mt_rd_u32(idx + 4 * k) * r->g.plane;
+        const float *tk = t + (size_t)k * r->g.plane;
+        for (uint32_t i = 0; i < r->g.plane; i++) {
+            yk[i] += tk[i];
+        }
+    }
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_SCATTER_ACC_CH = {scatter_acc_check, scatter_acc_prepare, scatter_acc_run};
