@@ -14,7 +14,11 @@ scheme's peak RAM, and full float fine-tuning in PyTorch (the same per-sample SG
 three learning rates, which favours the reference), each with its test accuracy and peak RAM
 (the float full-update plan's for PyTorch) and its share of the full fine-tuning's gain.
 
+--trained-weights int8 stores the trained conv/Linear weights of the microtrain rows as int8
+codes with per-channel scales, updated with the float gradient and rounded (docs/sparse.md).
+
     python benchmarks/sparse_digits.py [--epochs 4] [--saved int8|bits|float32] [--json FILE]
+                                       [--trained-weights float32|int8]
 """
 import argparse
 import json
@@ -84,6 +88,8 @@ def main():
     ap.add_argument("--saved", choices=microtrain.compiler.SAVED, default="bits",
                     help="how the ReLU6 outputs the backward reads are kept (compile(saved=...)); bench/sparse_digits"
                     ".json and docs/sparse.md are measured with the default, bits")
+    ap.add_argument("--trained-weights", choices=microtrain.q8state.TRAINED_WEIGHTS, default="float32",
+                    help="how the microtrain rows store their trained weights (compile(trained_weights=...))")
     args = ap.parse_args()
     from sklearn.datasets import load_digits
     d = load_digits()
@@ -100,7 +106,8 @@ def main():
     net.eval()
     print("pretrained: source-domain accuracy %.3f (held-out source images), shifted test %.3f"
           % (torch_acc(net, (x[1600:]), y[1600:]), torch_acc(net, test_x, test_y)), flush=True)
-    q = dict(quantize="int8", calibration=src_x[:200], saved=args.saved, lr=LR, momentum=MOMENTUM)
+    q = dict(quantize="int8", calibration=src_x[:200], saved=args.saved, lr=LR, momentum=MOMENTUM,
+             trained_weights=args.trained_weights)
     sparse = {"scheme": "digits-sparse", "classifier": "full",
               "bias_updates": [{"conv_index": k} for k in range(1, 7)],
               "weight_updates": [{"conv_index": 1, "ratio": 0.25, "select": "magnitude+"},

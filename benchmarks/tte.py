@@ -13,8 +13,15 @@ bytes (the whole plan, constants included: what a board keeps in flash), the op 
 (the same C as the board; a shared machine's figure, for comparing plans run together). With --momentum 0.9 the state column shows
 the momentum of channel-sparse weights held for their trained channels only.
 
+Trained weights are int8 by default (--trained-weights int8, compile(trained_weights="int8"):
+int8 codes with a float scale per output channel, updated with the float gradient and rounded,
+docs/sparse.md), as MIT keeps them and as MIT's estimate counts them (8 bits per trained weight,
+32 per bias: shared/models/tte/README.md); biases and the optimizer state stay float32.
+--trained-weights float32 gives the float32 figures.
+
     python benchmarks/tte.py [--calibration 32] [--momentum 0] [--saved bits] [--json bench/tte.json]
                              [--schemes 49kb,full] [--no-int8-fuse] [--frozen-weights int8]
+                             [--trained-weights int8|float32]
 """
 import argparse
 import json
@@ -38,12 +45,14 @@ def kb(n):
     return n / 1024
 
 
-def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8_fuse=True, frozen_weights="int8"):
+def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8_fuse=True, frozen_weights="int8",
+            trained_weights="int8"):
     """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
     quantize: its plan is float32 with float input."""
     q = {} if scheme == "full" else dict(int8_options(calib), int8_fuse=int8_fuse, frozen_weights=frozen_weights)
     t = time.time()
-    plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved, **q)
+    plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved,
+                              trained_weights=trained_weights, **q)
     seconds = time.time() - t
     sim = microtrain.Simulator(plan)
     x = sim.quantize_input(calib[0]) if plan.meta["input"].get("dtype") else calib[0]
@@ -77,6 +86,9 @@ def main():
     ap.add_argument("--frozen-weights", choices=("float32", "int8"), default="int8",
                     help="the frozen conv weights of float layers: int8 with per-channel scales (default), or "
                     "float32 (compile(frozen_weights=...))")
+    ap.add_argument("--trained-weights", choices=microtrain.q8state.TRAINED_WEIGHTS, default="int8",
+                    help="how trained conv/Gemm weights are stored (compile(trained_weights=...)): int8, codes with "
+                    "per-channel scales, as MIT's engine; float32")
     ap.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")
     ap.add_argument("--json", metavar="FILE", default=None, help="also write the results here (e.g. bench/tte.json)")
     ap.add_argument("--top", type=int, default=4, help="tensors alive at the peak to print")
@@ -99,9 +111,10 @@ def main():
             if want and s["scheme"] not in want:
                 continue
             r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved, args.int8_fuse,
-                        args.frozen_weights)
+                        args.frozen_weights, args.trained_weights)
             r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved,
                      int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
+                     trained_weights=args.trained_weights,
                      mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
                      mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
             rows.append(r)

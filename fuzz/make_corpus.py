@@ -208,6 +208,15 @@ def int8_seeds(c):
     }
 
 
+def out_update(name):
+    """The int8-weight seeds' selections: a channel-sparse scheme, or everything."""
+    if name.endswith("batch2"):
+        return "full"
+    return {"classifier": "full", "weight_updates": [
+        {"initializer": "c1.weight", "channel_axis": 1, "selected_channels": [1]},
+        {"initializer": "dw.weight", "channel_axis": 0, "selected_channels": [0, 2]}]}
+
+
 def seeds():
     """{name: Plan}"""
     mlp, cnn = models.mlp, models.cnn
@@ -255,6 +264,10 @@ def seeds():
     out["masks_bits_mom"] = c(masked(), update=["c.weight", "c.bias"], lr=0.05, momentum=0.9, saved="bits")
     # frozen conv weights int8 (w8.py): CONV2D_W8, the depthwise in place and the input gradients
     out["mbconv_bias_w8"] = c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8", frozen_weights="int8")
+    # trained weights int8 (DEQUANTIZE_W, int8 parameters in the sinks and in an SGD op with batch 2)
+    for name, kw in (("int8_weights_sparse_mom", dict(momentum=0.9)), ("int8_weights_full_batch2", dict(batch=2))):
+        out[name] = c(cnn(seed=8, hw=6, n_out=3), lr=0.05, trained_weights="int8",
+                      update=out_update(name), **kw)
     out.update(int8_seeds(c))
     return out
 

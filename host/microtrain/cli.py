@@ -36,7 +36,8 @@ def _compile(args):
     options = dict(loss=args.loss, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                    batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
                    calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
-                   saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights)
+                   saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
+                   trained_weights=args.trained_weights)
     if args.budget is not None:
         if args.update != "last-layer" or args.scheme:
             raise ValueError("--budget chooses what trains: give it without --update/--scheme")
@@ -301,6 +302,10 @@ def parser():
                    help="int8: keep the ReLU6 outputs the backward reads as int8 (a quarter of the bytes; as an "
                    "int8 model, outputs within half a step of the clamp pass no gradient); bits: keep only the "
                    "ReLU/ReLU6 masks, 1 bit per element, gradients exact. docs/sparse.md")
+    c.add_argument("--trained-weights", choices=["float32", "int8"], default="float32",
+                   help="int8: keep the trainable conv/Gemm weights as int8 codes with a float scale per output "
+                   "channel, updated with the float gradient and rounded to nearest (biases stay float32). "
+                   "docs/sparse.md")
     c.add_argument("--budget", metavar="SIZE", default=None,
                    help="choose what trains so that peak RAM fits SIZE (e.g. 200KB): the classifier, the biases "
                    "of the last convs, then input-channel fractions of their weights (docs/sparse.md)")

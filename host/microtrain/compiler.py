@@ -8,6 +8,7 @@ from . import format as F
 from .onnx_import import import_onnx
 from .memory import assign_memory
 from .plan import Plan, write_plan
+from .q8state import TRAINED_WEIGHTS, store_int8
 from .split import split_partial_weights
 from .training import build_training, check_gradient_paths, macs_total
 from .update import resolve_update
@@ -56,7 +57,7 @@ INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
             input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None,
-            int8_fuse=True, frozen_weights="float32"):
+            int8_fuse=True, frozen_weights="float32", trained_weights="float32"):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -95,7 +96,12 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     (max |w| / 127), a quarter of its flash; the layer computes in float32 on the dequantized weight
     float32(q) * scale, so gradients are those of the model with those weights (w8.py). It needs no
     calibration and works with or without quantize="int8"; the plan's meta["w8"] lists the weights.
+    trained_weights: "int8" stores every trainable conv/Gemm weight as int8 codes with one float
+    scale per output channel (max|w| / 127 of its initial values) and updates the codes with the
+    float gradient, rounded to nearest (q8state.py, docs/sparse.md); biases stay float32.
     """
+    if trained_weights not in TRAINED_WEIGHTS:
+        raise ValueError("unknown trained_weights %r; use one of %s" % (trained_weights, ", ".join(TRAINED_WEIGHTS)))
     if budget is not None:   # choose what trains (budget.py), then the plan of that choice
         from .budget import choose
         if update != "last-layer" or scheme is not None:
@@ -103,7 +109,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         return choose(model, budget, loss=loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
                       input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
-                      int8_fuse=int8_fuse, frozen_weights=frozen_weights)[1]
+                      int8_fuse=int8_fuse, frozen_weights=frozen_weights, trained_weights=trained_weights)[1]
     if int8_fuse not in (True, False, "pwdw"):
         raise ValueError("int8_fuse must be True, False or \"pwdw\", got %r" % (int8_fuse,))
     from .w8 import FROZEN_WEIGHTS
@@ -163,6 +169,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     return build_plan(graph, trainable, loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, update=update, input_dtype=INPUT_DTYPES[input_dtype],
                       clip_grad=clip_grad, channels=channels, saved=saved, frozen_weights=frozen_weights,
+                      trained_weights=trained_weights,
                       update_meta=update if scheme is None else "%s:%s" % (update, scheme))
 
 
@@ -177,7 +184,7 @@ def resolve_selection(graph, update, scheme=None):
 
 def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="greedy", guard=0,
                update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None, saved="float32",
-               frozen_weights="float32"):
+               frozen_weights="float32", trained_weights="float32"):
     """The Plan of an IR graph (ir.Graph): the training step for `trainable` (a set of parameter
     names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
@@ -193,6 +200,8 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     origins.update((s["slice"], graph.origins[s["slice"]]) for s in splits.values())
     tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive",
                                   clip_grad=clip_grad, channels=channels, saved=saved)
+    if trained_weights == "int8":
+        ops = store_int8(tensors, ops)
     w8 = []
     if frozen_weights == "int8":   # frozen float conv weights as int8 + per-channel scales (w8.py)
         from .w8 import int8_frozen_weights
@@ -233,6 +242,7 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         "planner": planner,
         "clip_grad": clip_grad,
         "saved": saved,
+        "trained_weights": trained_weights,
         # tensors that share another's memory (views, ops run in place): index -> index of the owner
         "shares": {str(i): t.view_of for i, t in enumerate(tensors) if t.view_of is not None},
     }

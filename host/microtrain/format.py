@@ -298,6 +298,11 @@ OPS = (
     OpSpec("CONV2D_DW_INPLACE_W8", 62, _s("x w:I8 b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
     OpSpec("CONV2D_BWD_INPUT_W8", 63, _s("dy w:I8 dx:out"), CONV_ATTRS),
     OpSpec("CONV2D_BWD_INPUT_DW_INPLACE_W8", 64, _s("dy w:I8 s:out dx:out"), CONV_ATTRS, inplace=(("dx", "dy"),)),
+    # a trained weight stored int8 (compile(trained_weights="int8"), docs/sparse.md): w is an I8
+    # parameter with per-output-channel scales (its quantization record); y = w * scale[channel],
+    # the float copy the float kernels read, made before each use. Its gradient ops' sink
+    # updates the int8 codes: w <- clamp(round_half_even((w*s - lr*g) / s), -127, 127)
+    OpSpec("DEQUANTIZE_W", 65, _s("w:I8 y:out"), ()),
     # CONV2D_Q8 depthwise (groups = channels) writing y over x, which nothing reads after it: each
     # int8 input channel is copied to s (one plane) before its output channel is written
     OpSpec("CONV2D_Q8_DW_INPLACE", 68, _s("x:I8 w:I8 b:I32? mult:I32 shift:I32 s:out:I8 y:out:I8"),
@@ -356,6 +361,7 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("GRAD", "gradient is not finite; parameters were not updated"),
     ("W8_SCALES", "an int8 weight of a float op needs one scale per output channel (a per-channel quantization "
                   "record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan"),
+    ("PARAM_RANGE", "parameter value outside its int8 range (127 times its channel's scale): set a smaller value"),
 )
 
 

@@ -187,6 +187,15 @@ class Core:
         _, ti, dims = self.param_info(self.param_index(name))
         return self._view(ti, dims)
 
+    def param_values(self, name):
+        """A float32 copy of a trainable parameter's values (an int8 trained weight dequantized,
+        code * its channel's scale: mt_get_param), flat shape as in the plan."""
+        k = self.param_index(name)
+        _, ti, dims = self.param_info(k)
+        out = np.empty(ti.n, np.float32)
+        self.check(lib.mt_get_param(self.ctx, k, ffi.cast("float *", ffi.from_buffer(out)), ti.n))
+        return out.reshape(dims)
+
     def set_param(self, name, values):
         """Overwrite one trainable parameter (by name or index) with values of the same size."""
         self.set_params({name: values})

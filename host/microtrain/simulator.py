@@ -85,8 +85,8 @@ class Simulator:
 
     def params(self):
         """Trainable parameters now, by ONNX initializer name, in ONNX shapes."""
-        return {t["name"]: self._read(t["name"], i) for i, t in enumerate(self.plan.tensors)
-                if t["flags"] & F.TFLAGS["PARAM"]}
+        return {t["name"]: self.core.param_values(t["name"]).reshape(self.param_shapes.get(t["name"], t["shape"]))
+                for t in self.plan.tensors if t["flags"] & F.TFLAGS["PARAM"]}
 
     def set_params(self, params):
         """Load trainable parameters ({name: array}, as params() returns them or as

@@ -493,7 +493,8 @@ static mp_obj_t param_name(const mt_tensor_info_t *ti, uint32_t k) {
     return mp_obj_new_str(m.buf, m.len);
 }
 
-/* params(): {name: array('f')} copies of every trainable parameter. */
+/* params(): {name: array('f')} copies of every trainable parameter (an int8 trained
+ * weight as its float values, code * scale). */
 static mp_obj_t trainer_params(mp_obj_t self_in) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
     mt_ctx_t *ctx = get_ctx(self);
@@ -503,7 +504,8 @@ static mp_obj_t trainer_params(mp_obj_t self_in) {
         mt_tensor_info_t ti;
         mt_check(ctx, mt_param_info(ctx, k, &ti));
         void *items;
-        mp_obj_t value = new_array('f', sizeof(float), ti.data, ti.n, &items);
+        mp_obj_t value = new_array('f', sizeof(float), NULL, ti.n, &items);
+        mt_check(ctx, mt_get_param(ctx, k, (float *)items, ti.n));
         mp_obj_dict_store(dict, param_name(&ti, k), value);
     }
     return dict;

@@ -128,11 +128,15 @@ const char *mt_strerror(int code);
 /* Trainable parameters, k in [0, mt_param_count) in plan order. mt_set_param
  * takes n float32 values (any alignment) and refuses non-finite ones;
  * mt_check_param makes the same checks without writing, so that a caller can
- * check several before it sets any. */
+ * check several before it sets any. mt_get_param writes the n float32 values
+ * (any alignment). An int8 trained weight (mt_param_info's dtype I8) reads as
+ * code * its channel's scale and is set to round_half_even(value / scale); a
+ * value 127.5 scales or more from 0 is refused (PARAM_RANGE). */
 uint32_t mt_param_count(const mt_ctx_t *ctx);
 int mt_param_info(const mt_ctx_t *ctx, uint32_t k, mt_tensor_info_t *info);
 int mt_check_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n);
 int mt_set_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n);
+int mt_get_param(const mt_ctx_t *ctx, uint32_t k, float *out, size_t n);
 
 /* Checkpoints: the counters, lr and the whole state region in one CRC-checked
  * blob of mt_state_size() bytes. mt_load_state checks everything before it

@@ -84,10 +84,22 @@ typedef struct {
 /* by op code; NULL for codes no op has (mt_ops.c) */
 extern const mt_opdef_t *const mt_opdefs[MT_OP_MAX + 1];
 
+/* An int8 trained weight (compile(trained_weights="int8"), mt_q8state.c): element e
+ * stands for w[e] * scales[(e / inner) % nch], scales a constant float vector. */
+typedef struct {
+    uint32_t scales, inner, nch;  /* scales: a reference (MT_REF_NONE: a float parameter) */
+} mt_q8w_t;
+
+/* Whether t is an int8 parameter with per-channel scales and no zero points; fills q. */
+int mt_q8w_of(const mt_ctx_t *ctx, const mt_tensor_t *t, mt_q8w_t *q);
+/* round_half_even(v) clamped to [-127, 127]; NaN gives -127 */
+int8_t mt_q8w_round(float v);
+
 /* A trainable parameter, in the context's parameter table. */
 typedef struct {
     uint32_t tensor, state_off, init_off, bytes, n, name;
     uint32_t dim[MT_MAX_DIMS];
+    mt_q8w_t q8;                  /* an int8 parameter's scales (q8.scales MT_REF_NONE for float) */
     uint8_t ndim, dtype, reserved[2];
 } mt_param_rec_t;
 
@@ -100,9 +112,11 @@ enum { MT_SINK_ACC, MT_SINK_SGD, MT_SINK_SGD_WD, MT_SINK_MOM, MT_SINK_MOM_WD };
 typedef struct {
     uint32_t w, m, acc;           /* references; m and acc MT_REF_NONE when absent */
     uint8_t mode;
-    uint8_t m_part, acc_part;     /* 1: the buffer holds only the op's trained part (sparse update) */
-    uint8_t reserved;
+    uint8_t parts;                /* MT_SINK_M_PART, MT_SINK_ACC_PART: the buffer holds only the op's trained part */
+    uint16_t q8_param;            /* an int8 w: its index in the parameter table (its scales); else MT_NO_TENSOR */
 } mt_sink_rec_t;
+#define MT_SINK_M_PART 1
+#define MT_SINK_ACC_PART 2
 
 /* part_n: the elements a gradient op trains (w->n unless it trains a channel range); its
  * momentum and accumulator hold either the whole parameter or only those part_n elements,
@@ -199,6 +213,8 @@ int mt_f32_positive_normal(float f);
 int mt_all_finite(const float *p, uint32_t n);
 const char *mt_name_of(const mt_ctx_t *ctx, uint32_t name_off, uint32_t *len);
 const mt_param_rec_t *mt_param_rec(const mt_ctx_t *ctx, uint32_t k);
+/* The index in the parameter table of the parameter at reference ref, MT_NO_TENSOR if none. */
+uint16_t mt_param_of(const mt_ctx_t *ctx, uint32_t ref);
 
 MT_INLINE uint8_t *mt_context(const mt_ctx_t *ctx) {
     return ctx->ram + ctx->state_bytes + ctx->arena_bytes;

@@ -776,6 +776,11 @@
 #define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_DIL_H 6
 #define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_DIL_W 7
 #define MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_A_GROUPS 8
+#define MT_OP_DEQUANTIZE_W 65
+#define MT_DEQUANTIZE_W_NSLOTS 2
+#define MT_DEQUANTIZE_W_NATTRS 0
+#define MT_DEQUANTIZE_W_W 0
+#define MT_DEQUANTIZE_W_Y 1
 #define MT_OP_CONV2D_Q8_DW_INPLACE 68
 #define MT_CONV2D_Q8_DW_INPLACE_NSLOTS 7
 #define MT_CONV2D_Q8_DW_INPLACE_NATTRS 11
@@ -872,6 +877,7 @@
     X(CONV2D_DW_INPLACE_W8) \
     X(CONV2D_BWD_INPUT_W8) \
     X(CONV2D_BWD_INPUT_DW_INPLACE_W8) \
+    X(DEQUANTIZE_W) \
     X(CONV2D_Q8_DW_INPLACE) \
     X(CONV2D_PW_INPLACE)
 
@@ -968,7 +974,7 @@
     {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE_W8 */ \
     {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_W8 */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE_W8 */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* DEQUANTIZE_W */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {7, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {6, 0, 255, 255}}, /* CONV2D_Q8_DW_INPLACE */ \
@@ -1017,7 +1023,8 @@
 #define MT_E_CHANGED 35
 #define MT_E_GRAD 36
 #define MT_E_W8_SCALES 37
-#define MT_E_COUNT 38
+#define MT_E_PARAM_RANGE 38
+#define MT_E_COUNT 39
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -1057,6 +1064,7 @@
     "state blob was saved with a different plan\0" \
     "plan bytes changed between mt_load and mt_attach\0" \
     "gradient is not finite; parameters were not updated\0" \
-    "an int8 weight of a float op needs one scale per output channel (a per-channel quantization record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan\0"
+    "an int8 weight of a float op needs one scale per output channel (a per-channel quantization record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan\0" \
+    "parameter value outside its int8 range (127 times its channel's scale): set a smaller value\0"
 
 #endif /* MT_FORMAT_H */

@@ -4,7 +4,8 @@
  * PyTorch's SGD, element by element: g += wd*w; m = momentum*m + g; w -= lr*m
  * (the momentum buffer starts at zero, so its first value is g, as PyTorch's).
  * Which of those terms exist is fixed when the plan is decoded, so each case is
- * its own loop with no test inside.
+ * its own loop with no test inside. An int8 parameter (mt_q8state.c) takes the same
+ * step on its float value w * s and is rounded back: sink_q8.
  */
 #include "mt_core.h"
 
@@ -16,6 +17,10 @@
 int mt_sink_check(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_t *m, const mt_tensor_t *acc,
     int is_grad_op, uint32_t part_n) {
     int has_m = m->n != 0, has_acc = acc->n != 0, want_m = ctx->momentum > 0.0f;
+    mt_q8w_t q;
+    if (w->dtype != MT_DTYPE_F32 && !mt_q8w_of(ctx, w, &q)) {
+        return 0;
+    }
     int ok = is_grad_op ? (has_acc ? !has_m : ctx->batch == 1 && has_m == want_m) : has_acc && has_m == want_m;
     return ok && (!has_m || ((m->n == w->n || m->n == part_n) && (m->flags & MT_TFLAG_MOMENTUM)))
            && (!has_acc || ((acc->n == w->n || acc->n == part_n) && (acc->flags & MT_TFLAG_GRAD_ACC)));
@@ -28,9 +33,9 @@ void mt_sink_prepare(const mt_ctx_t *ctx, const mt_tensor_t *w, const mt_tensor_
     s->w = w->ref;
     s->m = has_m ? m->ref : MT_REF_NONE;
     s->acc = acc != NULL && acc->n != 0 ? acc->ref : MT_REF_NONE;
-    s->m_part = (uint8_t)(has_m && m->n != w->n);
-    s->acc_part = (uint8_t)(s->acc != MT_REF_NONE && acc->n != w->n);
-    s->reserved = 0;
+    s->parts = (uint8_t)((has_m && m->n != w->n ? MT_SINK_M_PART : 0)
+        | (s->acc != MT_REF_NONE && acc->n != w->n ? MT_SINK_ACC_PART : 0));
+    s->q8_param = w->dtype == MT_DTYPE_I8 ? mt_param_of(ctx, w->ref) : MT_NO_TENSOR;
     s->mode = (uint8_t)(s->acc != MT_REF_NONE ? MT_SINK_ACC
         : has_m ? (has_wd ? MT_SINK_MOM_WD : MT_SINK_MOM) : (has_wd ? MT_SINK_SGD_WD : MT_SINK_SGD));
 }
@@ -164,15 +169,61 @@ MT_INLINE void sink_rows(const int mode, const sink_args_t *a, const float *d, u
  * the parameter (never used then). */
 MT_INLINE void sink_args(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t pat, sink_args_t *a) {
     a->w = MT_F32(ctx, s->w) + at;
-    a->m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + (s->m_part ? pat : at) : a->w;
-    a->acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + (s->acc_part ? pat : at) : a->w;
+    a->m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) + ((s->parts & MT_SINK_M_PART) ? pat : at) : a->w;
+    a->acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) + ((s->parts & MT_SINK_ACC_PART) ? pat : at) : a->w;
     a->lr = ctx->lr;
     a->mu = ctx->momentum;
     a->wd = ctx->weight_decay;
 }
 
+/* An int8 parameter: rows of n elements as mt_sink_outer's (one row for VEC and BATCH),
+ * each element's float step as sink_update's on w * s, then rounded back to int8 with its
+ * channel's scale s. Not unrolled: the channel of each element is looked up. */
+static void sink_q8(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride,
+    uint32_t pat, uint32_t pstride, const float *d, uint32_t rows, const float *v, uint32_t n, float scale) {
+    int8_t *w = (int8_t *)mt_ptr(ctx, s->w);
+    float *m = s->m != MT_REF_NONE ? MT_F32(ctx, s->m) : NULL, *acc = s->acc != MT_REF_NONE ? MT_F32(ctx, s->acc) : NULL;
+    const mt_q8w_t q = mt_param_rec(ctx, s->q8_param)->q8;
+    const float *sc = (const float *)mt_ptr(ctx, q.scales);
+    const float lr = ctx->lr, mu = ctx->momentum, wd = ctx->weight_decay;
+    const int mode = s->mode;
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint32_t e0 = at + r * stride, p0 = pat + r * pstride;
+        const uint32_t m0 = (s->parts & MT_SINK_M_PART) ? p0 : e0, a0 = (s->parts & MT_SINK_ACC_PART) ? p0 : e0;
+        for (uint32_t k = 0; k < n; k++) {
+            float g;
+            if (form == FORM_OUTER) {
+                g = d[r] * v[k];
+            } else if (form == FORM_VEC) {
+                g = v[k];
+            } else {
+                g = v[k] * scale;
+                acc[a0 + k] = 0.0f;
+            }
+            if (mode == MT_SINK_ACC) {
+                acc[a0 + k] += g;
+                continue;
+            }
+            const uint32_t e = e0 + k;
+            const float sv = sc[(e / q.inner) % q.nch], wf = (float)w[e] * sv;
+            if (mode == MT_SINK_SGD_WD || mode == MT_SINK_MOM_WD) {
+                g = g + wd * wf;
+            }
+            if (mode == MT_SINK_MOM || mode == MT_SINK_MOM_WD) {
+                g = mu * m[m0 + k] + g;
+                m[m0 + k] = g;
+            }
+            w[e] = mt_q8w_round((wf - lr * g) / sv);
+        }
+    }
+}
+
 MT_INLINE void sink_dispatch(const int form, const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at,
     uint32_t pat, const float *v, float d, uint32_t n, float scale) {
+    if (s->q8_param != MT_NO_TENSOR) {
+        sink_q8(form, ctx, s, at, 0, pat, 0, &d, 1, v, n, scale);
+        return;
+    }
     sink_args_t a;
     sink_args(ctx, s, at, pat, &a);
     a.v = v;
@@ -194,12 +245,16 @@ void mt_sink_vec(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint3
 
 void mt_sink_outer(const mt_ctx_t *ctx, const mt_sink_rec_t *s, uint32_t at, uint32_t stride, uint32_t pat,
     uint32_t pstride, const float *d, uint32_t rows, const float *v, uint32_t n) {
+    if (s->q8_param != MT_NO_TENSOR) {
+        sink_q8(FORM_OUTER, ctx, s, at, stride, pat, pstride, d, rows, v, n, 1.0f);
+        return;
+    }
     sink_args_t a;
     sink_args(ctx, s, at, pat, &a);
     a.v = v;
     a.ws = stride;
-    a.ms = s->m_part ? pstride : stride;
-    a.as = s->acc_part ? pstride : stride;
+    a.ms = (s->parts & MT_SINK_M_PART) ? pstride : stride;
+    a.as = (s->parts & MT_SINK_ACC_PART) ? pstride : stride;
     switch (s->mode) {
         case MT_SINK_ACC: sink_rows(MT_SINK_ACC, &a, d, rows, n); break;
         case MT_SINK_SGD: sink_rows(MT_SINK_SGD, &a, d, rows, n); break;

@@ -243,7 +243,8 @@ static int tensor_ok(const mt_ctx_t *ctx, uint32_t i) {
     uint8_t kind = flags & state_kinds;
     if ((flags & ~known) != 0 || (kind != 0 && kind != MT_TFLAG_PARAM && kind != MT_TFLAG_MOMENTUM
                                   && kind != MT_TFLAG_GRAD_ACC)
-        || ((storage == MT_STORAGE_STATE) != (kind != 0)) || (kind != 0 && dtype != MT_DTYPE_F32)) {
+        || ((storage == MT_STORAGE_STATE) != (kind != 0))
+        || (kind != 0 && dtype != MT_DTYPE_F32 && !(kind == MT_TFLAG_PARAM && dtype == MT_DTYPE_I8))) {
         return MT_E_TENSOR;
     }
     if (kind == MT_TFLAG_PARAM) {
@@ -259,6 +260,12 @@ static int tensor_ok(const mt_ctx_t *ctx, uint32_t i) {
     uint16_t qi = mt_rd_u16(r + MT_T_QUANT);
     if ((qi != MT_NO_QUANT && !quant_ok(ctx, qi, dtype, ndim, r)) || mt_rd_u16(r + MT_T_RESERVED) != 0) {
         return MT_E_TENSOR;
+    }
+    if (kind == MT_TFLAG_PARAM && dtype == MT_DTYPE_I8) {   /* an int8 trained weight: per-channel scales, no zero points */
+        const uint8_t *q = qi != MT_NO_QUANT ? ctx->quant + qi * MT_QUANT_BYTES : NULL;
+        if (q == NULL || q[MT_Q_AXIS] == MT_PER_TENSOR || mt_rd_u32(q + MT_Q_ZERO_POINTS) != MT_NO_NAME) {
+            return MT_E_TENSOR;
+        }
     }
     return MT_OK;
 }
@@ -386,7 +393,9 @@ static int validate_op(mt_ctx_t *ctx, uint32_t index, const mt_op_t *op) {
             continue;
         }
         const mt_tensor_t *t = &op->t[s];
-        if (t->dtype != MT_SLOT_DTYPE(slot)) {
+        /* a parameter slot also takes an int8 trained weight (its sink checks the scales) */
+        if (t->dtype != MT_SLOT_DTYPE(slot)
+            && !(MT_SLOT_ROLE(slot) == MT_ROLE_PARAM && t->dtype == MT_DTYPE_I8 && (t->flags & MT_TFLAG_PARAM))) {
             FAIL(MT_E_OP, oi, tid);
         }
         switch (MT_SLOT_ROLE(slot)) {
@@ -591,6 +600,9 @@ static void write_params(mt_ctx_t *ctx) {
         memcpy(p->dim, t.dim, sizeof p->dim);
         p->ndim = t.ndim;
         p->dtype = t.dtype;
+        if (!mt_q8w_of(ctx, &t, &p->q8)) {
+            p->q8.scales = MT_REF_NONE;
+        }
         p++;
     }
 }
@@ -620,6 +632,21 @@ int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
     }
     write_params(ctx);
     return mt_reset(ctx);
+}
+
+uint16_t mt_param_of(const mt_ctx_t *ctx, uint32_t ref) {
+    uint16_t k = 0;
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        if (tensor_record(ctx, i)[MT_T_FLAGS] & MT_TFLAG_PARAM) {
+            mt_tensor_t t;
+            tensor_view(ctx, (uint16_t)i, &t);
+            if (t.ref == ref) {
+                return k;
+            }
+            k++;
+        }
+    }
+    return MT_NO_TENSOR;
 }
 
 const mt_param_rec_t *mt_param_rec(const mt_ctx_t *ctx, uint32_t k) {

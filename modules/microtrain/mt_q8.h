@@ -55,6 +55,9 @@ MT_INLINE int32_t mt_q8_requant_even(int32_t x, int32_t mult, int32_t shift) {
     return (int32_t)(r > INT32_MAX ? INT32_MAX : (r < INT32_MIN ? INT32_MIN : r));
 }
 
+/* round to nearest, ties to even, of |v| < 2^22 (mt_quant.c) */
+int32_t mt_round_half_even(float v);
+
 MT_INLINE int8_t mt_q8_clamp(int32_t v, int32_t lo, int32_t hi) {
     return (int8_t)(v < lo ? lo : (v > hi ? hi : v));
 }

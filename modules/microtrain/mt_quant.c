@@ -113,7 +113,7 @@ static uint32_t boundary_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *r
 }
 
 /* round to nearest, ties to even, of |v| < 2^22 (v - (int)v is then exact) */
-static int32_t round_half_even(float v) {
+int32_t mt_round_half_even(float v) {
     int32_t r = (int32_t)v;
     float f = v - (float)r;
     if (f > 0.5f || (f == 0.5f && (r & 1))) {
@@ -135,7 +135,7 @@ static int quantize_run(mt_ctx_t *ctx, const void *rec) {
         /* anything past +-1024 saturates anyway; NaN goes to the low end */
         v = v > -1024.0f ? v : -1024.0f;
         v = v < 1024.0f ? v : 1024.0f;
-        y[i] = mt_q8_clamp(round_half_even(v) + zp, -128, 127);
+        y[i] = mt_q8_clamp(mt_round_half_even(v) + zp, -128, 127);
     }
     return MT_OK;
 }

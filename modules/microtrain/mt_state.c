@@ -91,17 +91,63 @@ int mt_check_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n) {
     if (!mt_all_finite(data, p->n)) {
         return MT_E_PARAM_NONFINITE;
     }
+    if (p->q8.scales != MT_REF_NONE) {   /* an int8 weight: each value within 127.5 steps of its channel's scale */
+        const float *sc = (const float *)mt_ptr(ctx, p->q8.scales);
+        for (uint32_t e = 0; e < p->n; e++) {
+            float v;
+            memcpy(&v, (const uint8_t *)data + 4u * e, sizeof v);
+            v = v / sc[(e / p->q8.inner) % p->q8.nch];
+            if (!(v > -127.5f && v < 127.5f)) {
+                return MT_E_PARAM_RANGE;
+            }
+        }
+    }
     ctx->err_tensor = -1;
     return MT_OK;
 }
 
 int mt_set_param(mt_ctx_t *ctx, uint32_t k, const float *data, size_t n) {
     int err = mt_check_param(ctx, k, data, n);
-    if (err == MT_OK) {
-        const mt_param_rec_t *p = mt_param_rec(ctx, k);
-        memcpy(ctx->ram + p->state_off, data, p->bytes);
+    if (err != MT_OK) {
+        return err;
     }
-    return err;
+    const mt_param_rec_t *p = mt_param_rec(ctx, k);
+    if (p->q8.scales == MT_REF_NONE) {
+        memcpy(ctx->ram + p->state_off, data, p->bytes);
+        return MT_OK;
+    }
+    const float *sc = (const float *)mt_ptr(ctx, p->q8.scales);   /* the sink's rounding, mt_q8state.c */
+    int8_t *w = (int8_t *)(ctx->ram + p->state_off);
+    for (uint32_t e = 0; e < p->n; e++) {
+        float v;
+        memcpy(&v, (const uint8_t *)data + 4u * e, sizeof v);
+        w[e] = mt_q8w_round(v / sc[(e / p->q8.inner) % p->q8.nch]);
+    }
+    return MT_OK;
+}
+
+int mt_get_param(const mt_ctx_t *ctx, uint32_t k, float *out, size_t n) {
+    if (!ready(ctx)) {
+        return MT_E_DETACHED;
+    }
+    if (k >= ctx->n_params) {
+        return MT_E_INDEX;
+    }
+    const mt_param_rec_t *p = mt_param_rec(ctx, k);
+    if (out == NULL || n != p->n) {
+        return MT_E_PARAM_LEN;
+    }
+    if (p->q8.scales == MT_REF_NONE) {
+        memcpy(out, ctx->ram + p->state_off, p->bytes);
+        return MT_OK;
+    }
+    const float *sc = (const float *)mt_ptr(ctx, p->q8.scales);
+    const int8_t *w = (const int8_t *)(ctx->ram + p->state_off);
+    for (uint32_t e = 0; e < p->n; e++) {
+        float v = (float)w[e] * sc[(e / p->q8.inner) % p->q8.nch];
+        memcpy((uint8_t *)out + 4u * e, &v, sizeof v);
+    }
+    return MT_OK;
 }
 
 /* ---- training-state blob (layout in format.py: STATE_FIELDS) ---- */
