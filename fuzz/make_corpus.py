@@ -202,6 +202,9 @@ def int8_seeds(c):
                                  calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
         "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8", int8_fuse="pwdw",
                                      calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
+        # unfused, the int8 depthwise conv runs over its input (CONV2D_Q8_DW_INPLACE)
+        "int8_depthwise_in_place": c(mbconv(), update="last-layer", lr=0.05, quantize="int8", int8_fuse=False,
+                                     calibration=np.random.default_rng(2).normal(0, 1, (16, 2, 6, 6)).astype("f4")),
     }
 
 
@@ -244,6 +247,8 @@ def seeds():
         # frozen weights: the depthwise conv and its input gradient run in place (CONV2D_DW_INPLACE,
         # CONV2D_BWD_INPUT_DW_INPLACE)
         "mbconv_bias_saved_int8": c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8"),
+        # the 1x1 projection, frozen, writes over its input where the live bytes peak (CONV2D_PW_INPLACE)
+        "mbconv_projection_in_place": c(mbconv(seed=10), update=["pw2.b", "fc.w", "fc.b"], lr=0.05, momentum=0.9),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
         # channel-sparse: c1 and pw train on some input channels, dw on some of its channels

@@ -91,8 +91,9 @@ def exported(case, exporter, directory):
 
 # ------------------------------------------------------- plan <-> PyTorch ----
 
-# a layer's forward op: a depthwise conv whose input dies there runs in place (x w b s y)
-LAYER_FORWARD = ("CONV2D", "GEMM", "CONV2D_DW_INPLACE")
+# a layer's forward op: a depthwise conv, or a 1x1 conv with no more outputs than inputs, whose
+# input dies there runs in place (x w b s y)
+LAYER_FORWARD = ("CONV2D", "GEMM", "CONV2D_DW_INPLACE", "CONV2D_PW_INPLACE")
 
 def plan_layers(plan):
     """[(weight name, bias name or None, layout)] of the plan's CONV2D/GEMM ops in order;

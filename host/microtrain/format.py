@@ -306,6 +306,14 @@ OPS = (
     # the float copy the float kernels read, made before each use. Its gradient ops' sink
     # updates the int8 codes: w <- clamp(round_half_even((w*s - lr*g) / s), -127, 127)
     OpSpec("DEQUANTIZE_W", 65, _s("w:I8 y:out"), ()),
+    # CONV2D_Q8 depthwise (groups = channels) writing y over x, which nothing reads after it: each
+    # int8 input channel is copied to s (one plane) before its output channel is written
+    OpSpec("CONV2D_Q8_DW_INPLACE", 68, _s("x:I8 w:I8 b:I32? mult:I32 shift:I32 s:out:I8 y:out:I8"),
+           CONV_ATTRS + Q8_CLAMP, inplace=(("y", "x"),)),
+    # a 1x1 CONV2D (groups 1, stride 1, no padding) with O <= C output channels writing y over
+    # the first O planes of x, which nothing reads after it: pixel by pixel, its C input values
+    # are copied to s (C floats) before its O outputs are written
+    OpSpec("CONV2D_PW_INPLACE", 69, _s("x w b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them

@@ -21,6 +21,7 @@ import numpy as np
 from . import format as F
 from . import q8_rules
 from .ir import Graph, Quant
+from .memory import lifetimes
 
 
 @dataclass
@@ -190,6 +191,8 @@ class Builder:
             target = self.tensor(TTensor("target", self.tensors[out].shape, flags=F.TFLAGS["TARGET"]))
         self.target, self.output, self.input = target, out, x
         if not self.trainable:   # an inference-only plan: the forward ops alone
+            if self.allow_inplace:
+                self.inplace()
             return self.tensors, self.ops
         dout = self.grad_tensor(self.g.output, out)
         self.op("SOFTMAX_CE" if self.loss == "cross-entropy" else "MSE", "TRAIN", [out, target, dout], source="loss")
@@ -260,37 +263,105 @@ class Builder:
         return i
 
     def inplace(self):
-        """Let an op write over an input that nothing reads afterwards."""
+        """Let an op write over an input that nothing reads afterwards. A 1x1 conv run in place
+        keeps its whole input's memory alive as long as its smaller output: each candidate is
+        kept only if it lowers the peak of live arena bytes (tried in op order)."""
+        chosen, best = set(), None
+        for k in [None] + self.pointwise_candidates():
+            trial = chosen | ({k} if k is not None else set())
+            peak = self.live_peak_with(trial)
+            if best is None or peak < best:
+                chosen, best = trial, peak
+        self.in_place(chosen)
+
+    def live_peak_with(self, pointwise):
+        """The peak of live arena bytes if the ops in place were chosen with these 1x1 convs."""
+        views, ops, n = [t.view_of for t in self.tensors], [(o.name, list(o.slots)) for o in self.ops], len(self.tensors)
+        self.in_place(pointwise)
+        first, last = lifetimes(len(self.tensors), [o.slots for o in self.ops])
+        live = [0] * len(self.ops)
+        spans = {}
+        for i, t in enumerate(self.tensors):
+            r = self.root(i)
+            if self.tensors[r].storage == "ARENA" and first[i] >= 0:
+                f, l = spans.get(r, (first[i], last[i]))
+                spans[r] = (min(f, first[i]), max(l, last[i]))
+        for r, (f, l) in spans.items():
+            for k in range(f, l + 1):
+                live[k] += -(-self.tensors[r].nbytes // F.ALIGN) * F.ALIGN
+        del self.tensors[n:]
+        for t, v in zip(self.tensors, views):
+            t.view_of = v
+        for o, (name, slots) in zip(self.ops, ops):
+            o.name, o.slots = name, slots
+        return max(live, default=0)
+
+    def last_reads(self):
         last = {}
         for k, o in enumerate(self.ops):
             for s in o.slots:
                 if s is not None:
                     r = self.root(s)
                     last[r] = max(last.get(r, -1), k)
+        return last
+
+    def in_place(self, pointwise=()):
+        last = self.last_reads()
         self.depthwise_in_place(last)
+        self.pointwise_in_place(last, pointwise)
         for k, o in enumerate(self.ops):
             for out_name, in_name in o.spec.inplace:
                 out, src = o.slots[o.spec.slot_index(out_name)], o.slots[o.spec.slot_index(in_name)]
                 to, ts = self.tensors[out], self.tensors[src]
                 ro, rs = self.root(out), self.root(src)
+                # src may be the head of its root (a 1x1 conv's output in place): views start at
+                # their root's offset
                 if (to.view_of is not None or ro == rs or ts.storage != "ARENA" or self.tensors[rs].storage != "ARENA"
-                        or to.nbytes != self.tensors[rs].nbytes or last.get(rs, -1) != k):
+                        or to.nbytes != ts.nbytes or to.nbytes > self.tensors[rs].nbytes or last.get(rs, -1) != k):
                     continue
                 to.view_of = rs
                 last[rs] = max(last.get(rs, -1), last.pop(ro, -1))
                 break
 
+    def pointwise_candidates(self):
+        """The 1x1 CONV2Ds (groups 1, stride 1, no padding) with O <= C outputs whose input
+        nothing reads after them."""
+        last, out = self.last_reads(), []
+        for k, o in enumerate(self.ops):
+            if o.name != "CONV2D" or o.attrs != [1, 1, 0, 0, 0, 0, 1, 1, 1]:
+                continue
+            tw, rs, to = self.tensors[o.slots[1]], self.root(o.slots[0]), self.tensors[o.slots[3]]
+            if (tw.shape[2:] == (1, 1) and tw.shape[0] <= tw.shape[1] and last.get(rs) == k and to.view_of is None
+                    and self.tensors[rs].storage == "ARENA" and self.tensors[rs].dtype == "F32"):
+                out.append(k)
+        return out
+
+    def pointwise_in_place(self, last, chosen):
+        """Each chosen 1x1 CONV2D becomes CONV2D_PW_INPLACE: its output over the first O planes of
+        its input, through a scratch of C floats (one pixel of the input)."""
+        for k in sorted(chosen):
+            o = self.ops[k]
+            x, out = o.slots[0], o.slots[3]
+            rs = self.root(x)
+            s = self.tensor(TTensor("%s@pixel" % self.tensors[out].name, (self.tensors[o.slots[1]].shape[1],)))
+            o.name, o.slots = "CONV2D_PW_INPLACE", o.slots[:3] + [s, out]
+            self.tensors[out].view_of = rs
+            last[rs] = max(last.get(rs, -1), last.pop(out, -1))
+
     def depthwise_in_place(self, last):
         """A depthwise CONV2D whose input nothing reads after it (its weight frozen, and the input's
-        producer's backward reading a mask or nothing) becomes CONV2D_DW_INPLACE, with one input
+        producer's backward reading a mask or nothing) becomes CONV2D_DW_INPLACE (a CONV2D_Q8,
+        CONV2D_Q8_DW_INPLACE; a CONV2D_BWD_INPUT, CONV2D_BWD_INPUT_DW_INPLACE), with one input
         plane of scratch, so that its output can take the input's memory: one activation fewer
         alive in the forward of a MobileNet block (docs/sparse.md)."""
         groups = F.CONV_ATTRS.index("groups")
         for k, o in enumerate(self.ops):
             if o.name == "CONV2D":   # x w b y
-                src, w, out, plane = o.slots[0], o.slots[1], o.slots[3], o.slots[0]
+                src, w, out = o.slots[0], o.slots[1], o.slots[3]
             elif o.name == "CONV2D_BWD_INPUT":   # dy w dx: the scratch holds a dy plane
-                src, w, out, plane = o.slots[0], o.slots[1], o.slots[2], o.slots[0]
+                src, w, out = o.slots[0], o.slots[1], o.slots[2]
+            elif o.name == "CONV2D_Q8":   # x w b mult shift y, int8
+                src, w, out = o.slots[0], o.slots[1], o.slots[5]
             else:
                 continue
             ts, tw, to, rs = self.tensors[src], self.tensors[w], self.tensors[out], self.root(src)
@@ -298,10 +369,15 @@ class Builder:
             if (o.attrs[groups] != C or tw.shape[1] != 1 or last.get(rs) != k or to.view_of is not None
                     or self.tensors[rs].storage != "ARENA" or to.nbytes != self.tensors[rs].nbytes):
                 continue
-            s = self.tensor(TTensor("%s@plane" % to.name, (int(np.prod(self.tensors[plane].shape[2:])),)))
+            plane = (int(np.prod(ts.shape[2:])),)
             if o.name == "CONV2D":
+                s = self.tensor(TTensor("%s@plane" % to.name, plane))
                 o.name, o.slots = "CONV2D_DW_INPLACE", o.slots[:3] + [s, out]
+            elif o.name == "CONV2D_Q8":
+                s = self.tensor(TTensor("%s@plane" % to.name, plane, dtype="I8"))
+                o.name, o.slots = "CONV2D_Q8_DW_INPLACE", o.slots[:5] + [s, out]
             else:
+                s = self.tensor(TTensor("%s@plane" % to.name, plane))
                 o.name, o.slots = "CONV2D_BWD_INPUT_DW_INPLACE", o.slots[:2] + [s, out]
 
 

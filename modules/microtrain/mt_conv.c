@@ -720,6 +720,73 @@ static int conv_dw_run(mt_ctx_t *ctx, const void *rec) {
 
 const mt_opdef_t mt_op_CONV2D_DW_INPLACE = {conv_dw_check, conv_dw_prepare, conv_dw_run};
 
+/* ---- CONV2D_PW_INPLACE: a 1x1 CONV2D with O <= C outputs whose output may take its input's
+ * first O planes ----
+ * Pixel p of every output channel depends on pixel p of the input only: its C input values
+ * are copied to the scratch s (C floats) before its O outputs are written, and output element
+ * (o, p) lies at o*P + p <= o*P + p of the input, a pixel of a plane already copied (o < C), so
+ * y may overwrite x. Each output is the bias plus w[o][c] * x[c] summed in channel order, the
+ * order of CONV2D's pw_product, so the same bits. */
+
+typedef struct {
+    mt_rec_t h;
+    uint32_t x, w, b, s, y;
+    uint32_t C, O, P;
+} conv_pw_rec_t;
+
+static int conv_pw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *t = op->t, *x = &t[MT_CONV2D_PW_INPLACE_X], *w = &t[MT_CONV2D_PW_INPLACE_W],
+                      *y = &t[MT_CONV2D_PW_INPLACE_Y];
+    (void)ctx;
+    if (!conv_check_shapes(op->a, x, w, y)) {
+        return MT_E_SHAPE;
+    }
+    conv_geom_t g;
+    conv_prepare_geom(op->a, x, w, y, &g);
+    return g.G == 1 && conv_kind(&g) == KIND_POINTWISE && g.O <= g.C && t[MT_CONV2D_PW_INPLACE_S].n == g.C
+           && (t[MT_CONV2D_PW_INPLACE_B].n == 0 || t[MT_CONV2D_PW_INPLACE_B].n == g.O) ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t conv_pw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_pw_rec_t *r = rec;
+    (void)ctx;
+    if (r != NULL) {
+        const mt_tensor_t *t = op->t;
+        r->x = t[MT_CONV2D_PW_INPLACE_X].ref;
+        r->w = t[MT_CONV2D_PW_INPLACE_W].ref;
+        r->b = t[MT_CONV2D_PW_INPLACE_B].ref;
+        r->s = t[MT_CONV2D_PW_INPLACE_S].ref;
+        r->y = t[MT_CONV2D_PW_INPLACE_Y].ref;
+        r->C = t[MT_CONV2D_PW_INPLACE_X].dim[1];
+        r->O = t[MT_CONV2D_PW_INPLACE_Y].dim[1];
+        r->P = t[MT_CONV2D_PW_INPLACE_X].dim[2] * t[MT_CONV2D_PW_INPLACE_X].dim[3];
+    }
+    return sizeof(conv_pw_rec_t);
+}
+
+static int conv_pw_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_pw_rec_t *r = rec;
+    const float *w = MT_F32(ctx, r->w), *b = MT_F32(ctx, r->b);
+    float *x = MT_F32(ctx, r->x), *s = MT_F32(ctx, r->s), *y = MT_F32(ctx, r->y);
+    const size_t P = r->P;
+    for (size_t p = 0; p < P; p++) {
+        for (uint32_t c = 0; c < r->C; c++) {
+            s[c] = x[c * P + p];
+        }
+        for (uint32_t o = 0; o < r->O; o++) {
+            const float *wo = w + (size_t)o * r->C;
+            float acc = b != NULL ? b[o] : 0.0f;
+            for (uint32_t c = 0; c < r->C; c++) {
+                acc += wo[c] * s[c];
+            }
+            y[o * P + p] = acc;
+        }
+    }
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_PW_INPLACE = {conv_pw_check, conv_pw_prepare, conv_pw_run};
+
 /* ---- CONV2D_BWD_INPUT ---- */
 
 typedef struct {

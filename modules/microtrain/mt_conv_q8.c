@@ -2,6 +2,7 @@
  * and the float input gradient of a frozen int8 convolution.
  *
  *   CONV2D_Q8  y[o] = clamp(y_zp + requant(b[o] + sum w[o,c,ky,kx] * (x[c] - x_zp), mult[o], shift[o]))
+ *   CONV2D_Q8_DW_INPLACE  the same, depthwise, y written over x through one plane of scratch
  * Padding stands for the input zero point (real 0), so a padded tap adds
  * nothing: the window walk skips it (mt_window_range), as for float. Each
  * output row is summed in int32 chunks of MT_Q8_ROW outputs, the inner loop over
@@ -34,27 +35,33 @@ static int conv_q8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
            && mt_q8_clamp_ok(a[MT_CONV2D_Q8_A_ACT_MIN], a[MT_CONV2D_Q8_A_ACT_MAX]) ? MT_OK : MT_E_SHAPE;
 }
 
+/* The record from the slots x w b mult shift (CONV2D_Q8's first five, CONV2D_Q8_DW_INPLACE's
+ * too) and y at y_slot; the clamp is the last two attributes of both. */
+static void conv_q8_fill(const mt_ctx_t *ctx, const mt_op_t *op, int y_slot, conv_q8_rec_t *r) {
+    const mt_tensor_t *t = op->t;
+    r->x = t[MT_CONV2D_Q8_X].ref;
+    r->w = t[MT_CONV2D_Q8_W].ref;
+    r->b = t[MT_CONV2D_Q8_B].ref;
+    r->mult = t[MT_CONV2D_Q8_MULT].ref;
+    r->shift = t[MT_CONV2D_Q8_SHIFT].ref;
+    r->y = t[y_slot].ref;
+    mt_conv_prepare_geom(op->a, &t[MT_CONV2D_Q8_X], &t[MT_CONV2D_Q8_W], &t[y_slot], &r->g);
+    r->x_zp = mt_q8_zero_point(ctx, &t[MT_CONV2D_Q8_X]);
+    r->y_zp = mt_q8_zero_point(ctx, &t[y_slot]);
+    r->lo = op->a[MT_CONV2D_Q8_A_ACT_MIN];
+    r->hi = op->a[MT_CONV2D_Q8_A_ACT_MAX];
+}
+
 static uint32_t conv_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
-    conv_q8_rec_t *r = rec;
-    if (r != NULL) {
-        const mt_tensor_t *t = op->t;
-        r->x = t[MT_CONV2D_Q8_X].ref;
-        r->w = t[MT_CONV2D_Q8_W].ref;
-        r->b = t[MT_CONV2D_Q8_B].ref;
-        r->mult = t[MT_CONV2D_Q8_MULT].ref;
-        r->shift = t[MT_CONV2D_Q8_SHIFT].ref;
-        r->y = t[MT_CONV2D_Q8_Y].ref;
-        mt_conv_prepare_geom(op->a, &t[MT_CONV2D_Q8_X], &t[MT_CONV2D_Q8_W], &t[MT_CONV2D_Q8_Y], &r->g);
-        r->x_zp = mt_q8_zero_point(ctx, &t[MT_CONV2D_Q8_X]);
-        r->y_zp = mt_q8_zero_point(ctx, &t[MT_CONV2D_Q8_Y]);
-        r->lo = op->a[MT_CONV2D_Q8_A_ACT_MIN];
-        r->hi = op->a[MT_CONV2D_Q8_A_ACT_MAX];
+    if (rec != NULL) {
+        conv_q8_fill(ctx, op, MT_CONV2D_Q8_Y, rec);
     }
     return sizeof(conv_q8_rec_t);
 }
 
-static int conv_q8_run(mt_ctx_t *ctx, const void *rec) {
-    const conv_q8_rec_t *r = rec;
+/* The int8 convolution of r; with scratch (CONV2D_Q8_DW_INPLACE: depthwise) each input plane is
+ * copied there before its output plane is written, so y may be x itself. */
+static void conv_q8_forward(mt_ctx_t *ctx, const conv_q8_rec_t *r, int8_t *scratch) {
     const mt_conv_geom_t *g = &r->g;
     const int8_t *x = (const int8_t *)mt_ptr(ctx, r->x), *w = (const int8_t *)mt_ptr(ctx, r->w);
     const int32_t *b = (const int32_t *)mt_ptr(ctx, r->b);
@@ -66,6 +73,10 @@ static int conv_q8_run(mt_ctx_t *ctx, const void *rec) {
     int32_t acc[MT_Q8_ROW];
     for (uint32_t o = 0; o < g->O; o++) {
         const int8_t *xg = x + (o / g->Og) * g->Cg * plane, *wo = w + (size_t)o * g->Cg * taps;
+        if (scratch != NULL) {
+            memcpy(scratch, xg, plane);
+            xg = scratch;
+        }
         const int32_t init = b != NULL ? b[o] : 0, m = mult[o], s = shift[o];
         int8_t *yo = y + (size_t)o * g->OH * g->OW;
         for (int32_t oy = 0; oy < (int32_t)g->OH; oy++) {
@@ -84,10 +95,57 @@ static int conv_q8_run(mt_ctx_t *ctx, const void *rec) {
             }
         }
     }
+}
+
+static int conv_q8_run(mt_ctx_t *ctx, const void *rec) {
+    conv_q8_forward(ctx, rec, NULL);
     return MT_OK;
 }
 
 const mt_opdef_t mt_op_CONV2D_Q8 = {conv_q8_check, conv_q8_prepare, conv_q8_run};
+
+/* ---- CONV2D_Q8_DW_INPLACE: a depthwise CONV2D_Q8 whose output may take its input's memory ----
+ * Output channel o reads input channel o only: that plane is copied to the scratch plane s
+ * first, and output plane o ends no later than input plane o does (oplane <= plane), so y may
+ * overwrite x. The same row loop as CONV2D_Q8 (conv_q8_forward), so the same bits. Its slots
+ * are CONV2D_Q8's with s before y. */
+
+typedef struct {
+    conv_q8_rec_t q;
+    uint32_t s;
+} conv_q8_dw_rec_t;
+
+static int conv_q8_dw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *t = op->t, *x = &t[MT_CONV2D_Q8_DW_INPLACE_X], *w = &t[MT_CONV2D_Q8_DW_INPLACE_W],
+                      *y = &t[MT_CONV2D_Q8_DW_INPLACE_Y];
+    const int32_t *a = op->a;
+    const uint32_t C = x->dim[1];
+    return mt_conv_check_shapes(a, x, w, y) && (uint32_t)a[MT_CONV_A_GROUPS] == C && w->dim[0] == C && w->dim[1] == 1
+           && (uint64_t)w->dim[2] * w->dim[3] <= MT_Q8_MAX_TAPS
+           && t[MT_CONV2D_Q8_DW_INPLACE_S].n == x->dim[2] * x->dim[3] && y->dim[2] * y->dim[3] <= x->dim[2] * x->dim[3]
+           && mt_q8_activation_ok(ctx, x) && mt_q8_activation_ok(ctx, y) && mt_q8_weight_ok(ctx, w, 0, C)
+           && mt_q8_rescale_ok(ctx, &t[MT_CONV2D_Q8_DW_INPLACE_MULT], &t[MT_CONV2D_Q8_DW_INPLACE_SHIFT],
+               &t[MT_CONV2D_Q8_DW_INPLACE_B], C)
+           && mt_q8_clamp_ok(a[MT_CONV2D_Q8_DW_INPLACE_A_ACT_MIN], a[MT_CONV2D_Q8_DW_INPLACE_A_ACT_MAX]) ? MT_OK
+                                                                                                         : MT_E_SHAPE;
+}
+
+static uint32_t conv_q8_dw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_q8_dw_rec_t *r = rec;
+    if (r != NULL) {
+        conv_q8_fill(ctx, op, MT_CONV2D_Q8_DW_INPLACE_Y, &r->q);
+        r->s = op->t[MT_CONV2D_Q8_DW_INPLACE_S].ref;
+    }
+    return sizeof(conv_q8_dw_rec_t);
+}
+
+static int conv_q8_dw_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_q8_dw_rec_t *r = rec;
+    conv_q8_forward(ctx, &r->q, (int8_t *)mt_ptr(ctx, r->s));
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_Q8_DW_INPLACE = {conv_q8_dw_check, conv_q8_dw_prepare, conv_q8_dw_run};
 
 /* ---- CONV2D_BWD_INPUT_Q8: dx from dy (float) and the int8 weight ---- */
 

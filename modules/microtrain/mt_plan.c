@@ -422,7 +422,8 @@ static int validate_op(mt_ctx_t *ctx, uint32_t index, const mt_op_t *op) {
             FAIL(MT_E_PHASE, oi, tid);
         }
     }
-    /* anything an op writes must not overlap anything else it touches, except allowed in-place pairs */
+    /* anything an op writes must not overlap anything else it touches, except allowed in-place pairs:
+     * the output exactly over the input, or over its first bytes (CONV2D_PW_INPLACE: O <= C planes) */
     for (int w = 0; w < op->n_t; w++) {
         if (MT_SLOT_ROLE(spec->slot[w]) == MT_ROLE_IN || op->tid[w] == MT_NO_TENSOR) {
             continue;
@@ -439,6 +440,9 @@ static int validate_op(mt_ctx_t *ctx, uint32_t index, const mt_op_t *op) {
                 continue;
             }
             if (bo == bw && eo == ew && (inplace_allowed(spec, w, o) || inplace_allowed(spec, o, w))) {
+                continue;
+            }
+            if (bo == bw && ew < eo && inplace_allowed(spec, w, o)) {   /* an output over its input's head */
                 continue;
             }
             FAIL(MT_E_ALIAS, oi, op->tid[o]);
