@@ -137,8 +137,8 @@ def test_fused_plan_is_the_unfused_plan(tmp_path, model, exporter):
 
 def test_stem_arena_is_its_input_and_output(tmp_path):
     """At 64x64 with 16 channels (MCUNet's stem at a quarter of the area): unfused, the stem's
-    output and the depthwise output (16 KB each) bound the arena; fused, the input, the block's
-    output and the ring and row."""
+    input and output (12 + 16 KB; the depthwise conv runs in place) bound the arena; fused, the
+    input, the block's output and the ring and row."""
     src = M.export(StemBlock(3, 16, 8).eval(), str(tmp_path / "stem.onnx"), "ts", shape=(1, 3, 64, 64))
     calib = np.random.default_rng(0).uniform(-1, 1, (8, 3, 64, 64)).astype(np.float32)
     kw = dict(update="last-layer", quantize="int8", calibration=calib, input_dtype="int8")
@@ -149,7 +149,7 @@ def test_stem_arena_is_its_input_and_output(tmp_path):
     assert peak["op_name"] == "CONV_DW_PW_Q8" and all(size != stem_out for _, size, *_ in peak["tensors"])
     x_in, y_out, ring, row = 3 * 64 * 64, 8 * 32 * 32, 3 * 16 * 32, 16 * 32
     assert peak["live_bytes"] <= x_in + y_out + ring + row + 64, peak
-    assert alive_at_peak(plain)["live_bytes"] >= 2 * stem_out
+    assert alive_at_peak(plain)["live_bytes"] >= x_in + stem_out > peak["live_bytes"]
 
 
 @pytest.mark.parametrize("slot, delta", [("ring", -1), ("ring", +1), ("row", -1), ("row", +1)])

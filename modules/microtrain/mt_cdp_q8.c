@@ -177,13 +177,12 @@ static int cdp_q8_run(mt_ctx_t *ctx, const void *rec) {
     const int32_t *mult1 = (const int32_t *)mt_ptr(ctx, r->mult1), *shift1 = (const int32_t *)mt_ptr(ctx, r->shift1);
     const int32_t *mult = (const int32_t *)mt_ptr(ctx, r->mult), *shift = (const int32_t *)mt_ptr(ctx, r->shift);
     int8_t *drow = (int8_t *)mt_ptr(ctx, r->row), *y = (int8_t *)mt_ptr(ctx, r->y);
-    const int32_t H = (int32_t)g->H, W = (int32_t)g->W, OW = (int32_t)g->OW, KH = g->KH, KW = g->KW;
+    const int32_t OW = (int32_t)g->OW;
     const uint32_t E = g->C;
-    const size_t taps = (size_t)KH * KW, slot = (size_t)E * g->W;
     int32_t acc[MT_Q8_ROW], next = 0;   /* rows of e below `next` have been computed */
     for (int32_t oy = 0; oy < (int32_t)g->OH; oy++) {
         int32_t by = oy * g->sh - g->pt, ky0, ky1;
-        mt_window_range(by, g->dh, KH, H, &ky0, &ky1);
+        mt_window_range(by, g->dh, g->KH, (int32_t)g->H, &ky0, &ky1);
         if (ky0 < ky1) {   /* the window's rows of e into the ring (those it shares with the last are there) */
             int32_t row = by + ky0 * g->dh, end = by + (ky1 - 1) * g->dh + 1;
             for (row = row > next ? row : next; row < end; row++) {
@@ -191,19 +190,8 @@ static int cdp_q8_run(mt_ctx_t *ctx, const void *rec) {
             }
             next = next > end ? next : end;
         }
-        for (uint32_t e = 0; e < E; e++) {   /* row oy of d */
-            const int8_t *we = w1 + e * taps;
-            const int32_t init = b1 != NULL ? b1[e] : 0;
-            for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
-                const int32_t n = mt_q8_chunk(acc, x0, OW, init);
-                for (int32_t ky = ky0; ky < ky1; ky++) {
-                    const int32_t row = by + ky * g->dh;
-                    mt_q8_mac_taps(acc, ring + (size_t)((uint32_t)row % r->R) * slot + (size_t)e * W, we + ky * KW, g,
-                        x0, n, r->e_zp);
-                }
-                mt_q8_store_row(drow + (size_t)e * OW + x0, acc, n, mult1[e], shift1[e], r->d_zp, r->lo1, r->hi1);
-            }
-        }
+        mt_q8_dw_ring_row(ring, r->R, g, oy, ky0, ky1, w1, b1, mult1, shift1, r->e_zp, r->d_zp, r->lo1, r->hi1, drow,
+            (size_t)OW, acc);   /* row oy of d */
         for (uint32_t o = 0; o < r->O; o++) {   /* row oy of y: the 1x1 conv of that row */
             const int8_t *wo = w + (size_t)o * E;
             const int32_t init = b != NULL ? b[o] : 0;

@@ -112,6 +112,30 @@ MT_INLINE void mt_q8_store_row(int8_t *y, const int32_t *acc, int32_t n, int32_t
     }
 }
 
+/* A depthwise conv (geometry g, groups = channels) over a tensor held as a ring of R rows (row r
+ * in slot r % R, each slot all channels x g->W): its output row oy, whose window spans rows
+ * [ky0, ky1) of the kernel, for every channel o, written at out + o * ostride (the streamed ops,
+ * PWDW_Q8 and CONV_DW_PW_Q8). The same sums and requantization as CONV2D_Q8's row loop. */
+MT_INLINE void mt_q8_dw_ring_row(const int8_t *ring, uint32_t R, const mt_conv_geom_t *g, int32_t oy, int32_t ky0,
+    int32_t ky1, const int8_t *w, const int32_t *b, const int32_t *mult, const int32_t *shift, int32_t in_zp,
+    int32_t out_zp, int32_t lo, int32_t hi, int8_t *out, size_t ostride, int32_t *acc) {
+    const int32_t OW = (int32_t)g->OW, by = oy * g->sh - g->pt;
+    const size_t taps = (size_t)g->KH * g->KW, slot = (size_t)g->C * g->W;
+    for (uint32_t o = 0; o < g->O; o++) {
+        const int8_t *wo = w + o * taps;
+        const int32_t init = b != NULL ? b[o] : 0;
+        for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
+            const int32_t n = mt_q8_chunk(acc, x0, OW, init);
+            for (int32_t ky = ky0; ky < ky1; ky++) {
+                const int32_t row = by + ky * g->dh;
+                mt_q8_mac_taps(acc, ring + (size_t)((uint32_t)row % R) * slot + (size_t)o * g->W, wo + ky * g->KW, g,
+                    x0, n, in_zp);
+            }
+            mt_q8_store_row(out + o * ostride + x0, acc, n, mult[o], shift[o], out_zp, lo, hi);
+        }
+    }
+}
+
 /* ---- quantization records (mt_quant.c) ---- */
 
 typedef struct {
