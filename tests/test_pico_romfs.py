@@ -119,3 +119,39 @@ def test_firmware_ends_below_the_partition(pico_ready):
     assert 0 < size <= lay["code_bytes"] == lay["romfs_addr"] - 0x10000000
     assert lay["romfs_addr"] + lay["romfs_bytes"] == lay["fs_addr"]
     assert lay["fs_addr"] + lay["fs_bytes"] == 0x10000000 + 2 * 1024 * 1024
+
+
+def test_mcunet_49kb_trains_from_the_picos_flash(pico_ready, tmp_path):
+    """MCUNet-5fps with MIT's 49kb scheme, compiled as benchmarks/tte.py compiles it (frozen part
+    int8, uint8 input, 1-bit masks, frozen and trained conv weights int8): one training step on the
+    2 MB Pico from ROMFS (MIT's engine needs an STM32F746-class board for it). The plan fits the
+    partition, Trainer(f) grows the heap by its RAM block only, and the loss, the outputs after the
+    step and every parameter are the host simulator's bit for bit. About 4 minutes of host time."""
+    sys.path.insert(0, os.path.join(pico.ROOT, "benchmarks"))
+    try:
+        from bench_models import tte_dir
+        from calibration import int8_options, samples
+    finally:
+        sys.path.pop(0)
+    tte = tte_dir()
+    if tte is None:
+        pytest.skip("../shared/models/tte is not here")
+    images = samples(33, 128)
+    plan = microtrain.compile(os.path.join(tte, "mcunet-5fps.onnx"), update=os.path.join(tte, "mcunet-5fps.schemes.json"),
+                              scheme="49kb", lr=0.01, saved="bits", frozen_weights="int8", trained_weights="int8",
+                              **int8_options(images[:32]))
+    r = plan.report()
+    sim = microtrain.Simulator(plan)
+    xq = sim.quantize_input(images[32:])
+    loss = np.float32(sim.step(xq[0], 3)).tobytes()
+    params = {k: np.ascontiguousarray(v, "<f4").tobytes() for k, v in sim.params().items()}
+    got, out = pico.train(plan.data, xq.tobytes(), [3], 1, str(tmp_path), stride=xq[0].nbytes, timeout=1800)
+    print("MCUNet-5fps 49kb on the Pico (rp2040js) from ROMFS: plan %d bytes; heap free %d of %d; Trainer(f) grew the "
+          "heap by %d bytes, ram_bytes %d; peak heap in use %d; %d us of emulated time for the step"
+          % (len(plan.data), got["free_before"], got["heap_total"], got["grew"], got["ram_bytes"], got["peak_alloc"],
+             got["steps"][0]["us"]))
+    assert got["ram_bytes"] == r["ram_bytes"] and got["const_bytes"] > got["free_before"]
+    assert got["ram_bytes"] <= got["grew"] <= got["ram_bytes"] + SLACK, out
+    assert got["steps"][0]["loss"] == loss, "the loss differs from the host simulator's"
+    assert got["predict"] == np.ascontiguousarray(sim.predict(xq[0]), "<f4").tobytes()
+    assert got["params"] == params, "parameters differ from the host simulator's"
