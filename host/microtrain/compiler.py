@@ -5,6 +5,7 @@ import math
 
 from . import __version__
 from . import format as F
+from .dw_stream import stream_blocks
 from .onnx_import import import_onnx
 from .memory import assign_memory
 from .plan import Plan, write_plan
@@ -32,21 +33,26 @@ def _positive_float(name, v, allow_zero=True):
 
 def optimizer_state(tensors, ops):
     """{parameter: {"momentum": tensor index or None, "accumulator": tensor index or None}}, from
-    the ops that update parameters (their "w" slot is the parameter, "m" and "acc" its state); a
-    list of indices where a channel-sparse weight has a momentum per channel run."""
+    the ops that update parameters (each parameter slot followed by its momentum and accumulator
+    slots, format.SINK); a list of indices where a channel-sparse weight has a momentum per
+    channel run."""
     out = {}
     for o in ops:
-        slot = {s.name: (s.role, t) for s, t in zip(o.spec.slots, o.slots)}
-        if slot.get("w", ("in", None))[0] != "param":
-            continue
-        state = out.setdefault(tensors[slot["w"][1]].name, {"momentum": None, "accumulator": None})
-        for name, key in (("m", "momentum"), ("acc", "accumulator")):
-            t = slot[name][1]
-            if t is None or t == state[key] or (isinstance(state[key], list) and t in state[key]):
-                continue
-            # a channel-sparse weight has one momentum per channel run: their list
-            state[key] = t if state[key] is None else (state[key] if isinstance(state[key], list) else [state[key]]) + [t]
+        slots = o.spec.slots
+        for i, p in enumerate(slots):
+            # a parameter slot is followed by its momentum and accumulator (format.SINK)
+            if p.role == "param" and o.slots[i] is not None:
+                _add_state(out, tensors[o.slots[i]].name, o.slots[i + 1], o.slots[i + 2])
     return out
+
+
+def _add_state(out, name, m, acc):
+    state = out.setdefault(name, {"momentum": None, "accumulator": None})
+    for t, key in ((m, "momentum"), (acc, "accumulator")):
+        if t is None or t == state[key] or (isinstance(state[key], list) and t in state[key]):
+            continue
+        # a channel-sparse weight has one momentum per channel run: their list
+        state[key] = t if state[key] is None else (state[key] if isinstance(state[key], list) else [state[key]]) + [t]
 
 
 QUANTIZE = (None, "int8")
@@ -210,6 +216,12 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
             graph.notes.append("w8: %d frozen conv weights of float layers stored int8 with per-output-channel scales "
                                "(%d B), their layers computing in float on the dequantized weights"
                                % (len(w8), sum(t.nbytes for t in tensors if t.name in set(w8))))
+    if planner != "naive" and (frozen_weights == "int8" or not trainable):
+        # an expansion block's 1x1 output and its gradient a plane at a time (dw_stream.py)
+        ops, streamed = stream_blocks(tensors, ops)
+        if streamed:
+            graph.notes.append("dw_stream: %d expansion blocks streamed channel by channel into their depthwise "
+                               "convs (%s)" % (len(streamed), ", ".join(streamed)))
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
         raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
                          "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")

@@ -1295,3 +1295,30 @@ static int conv_bwd_input_w8_run(mt_ctx_t *ctx, const void *rec) {
 
 const mt_opdef_t mt_op_CONV2D_BWD_INPUT_W8 = {conv_bwd_input_w8_check, conv_bwd_input_w8_prepare,
     conv_bwd_input_w8_run};
+
+/* ---- for the channel-streamed block ops (mt_pwdw_w8.c): one channel's planes through the same
+ * loops as the ops above, so the fused op gives their bits ---- */
+
+int mt_conv_w8_weight_ok(const mt_ctx_t *ctx, const mt_tensor_t *w, uint32_t *scales) {
+    return w8_weight_ok(ctx, w, scales);
+}
+
+void mt_conv_forward_w8(const mt_conv_geom_t *g, const float *x, const int8_t *w, const float *scales,
+    const float *b, const float *acc, float *y) {
+    conv_forward_w8(g, conv_kind(g), x, w, scales, b, acc, NULL, y);
+}
+
+void mt_conv_bwd_input_plane_w8(const mt_conv_geom_t *g, const float *dy, const int8_t *w, float scale, float *dx) {
+    const size_t taps = (size_t)g->KH * g->KW;
+    float filter[MT_W8_BUF];
+    pass_t p, q;
+    pass_of(g, &p);
+    bwd_input_pass_of(&p, &q);
+    w8_filters(w, &scale, 0, 1, taps, filter);
+    memset(dx, 0, (size_t)g->H * g->W * sizeof(float));
+    bwd_input_pair(&p, &q, conv_kind(g) == KIND_K3 ? KIND_K3 : KIND_GENERIC, dy, dx, filter);
+}
+
+void mt_conv_pw_grads(const float *d, const float *x, uint32_t n, uint32_t P, float *g) {
+    pw_grads(d, x, n, P, g);
+}

@@ -161,6 +161,17 @@ typedef struct {
 int mt_conv_check_shapes(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *w, const mt_tensor_t *y);
 void mt_conv_prepare_geom(const int32_t *a, const mt_tensor_t *x, const mt_tensor_t *w, const mt_tensor_t *y,
     mt_conv_geom_t *g);
+/* The W8 kernels' loops (mt_conv.c), for ops that stream channels through them (mt_pwdw_w8.c).
+ * w8_weight_ok: w int8, one scale per output channel (*scales: their reference), filters that fit */
+int mt_conv_w8_weight_ok(const mt_ctx_t *ctx, const mt_tensor_t *w, uint32_t *scales);
+/* y = b + conv(x, W') or acc + conv(x, W'), W' = float32(w) * scales[o], as CONV2D_W8 */
+void mt_conv_forward_w8(const mt_conv_geom_t *g, const float *x, const int8_t *w, const float *scales,
+    const float *b, const float *acc, float *y);
+/* one channel of a depthwise input gradient: dx = conv_bwd_input(dy, float32(w) * scale), g the
+ * one-channel geometry, as CONV2D_BWD_INPUT_W8 */
+void mt_conv_bwd_input_plane_w8(const mt_conv_geom_t *g, const float *dy, const int8_t *w, float scale, float *dx);
+/* g[c] = sum_p d[p] x[c][p], c < n, as CONV2D_BWD_WEIGHT's 1x1 gradients */
+void mt_conv_pw_grads(const float *d, const float *x, uint32_t n, uint32_t P, float *g);
 
 typedef struct {
     uint32_t C, H, W, OH, OW;     /* up to 2^28 elements (a 1-D input may be long) */

@@ -8,7 +8,7 @@
 #define MT_ALIGN 8
 #define MT_NO_TENSOR 0xFFFF
 #define MT_NO_NAME 0xFFFFFFFFU
-#define MT_MAX_SLOTS 16
+#define MT_MAX_SLOTS 24
 #define MT_MAX_ATTRS 24
 #define MT_MAX_DIMS 4
 #define MT_CRC_START 16
@@ -835,7 +835,69 @@
 #define MT_CONV2D_PW_INPLACE_A_DIL_H 6
 #define MT_CONV2D_PW_INPLACE_A_DIL_W 7
 #define MT_CONV2D_PW_INPLACE_A_GROUPS 8
-#define MT_OP_MAX 72
+#define MT_OP_PWDW_W8 73
+#define MT_PWDW_W8_NSLOTS 14
+#define MT_PWDW_W8_NATTRS 13
+#define MT_PWDW_W8_X 0
+#define MT_PWDW_W8_W 1
+#define MT_PWDW_W8_B 2
+#define MT_PWDW_W8_XG 3
+#define MT_PWDW_W8_WT 4
+#define MT_PWDW_W8_M 5
+#define MT_PWDW_W8_DW 6
+#define MT_PWDW_W8_DB 7
+#define MT_PWDW_W8_S 8
+#define MT_PWDW_W8_Y 9
+#define MT_PWDW_W8_M2 10
+#define MT_PWDW_W8_W2 11
+#define MT_PWDW_W8_B2 12
+#define MT_PWDW_W8_Z 13
+#define MT_PWDW_W8_A_STRIDE_H 0
+#define MT_PWDW_W8_A_STRIDE_W 1
+#define MT_PWDW_W8_A_PAD_T 2
+#define MT_PWDW_W8_A_PAD_L 3
+#define MT_PWDW_W8_A_PAD_B 4
+#define MT_PWDW_W8_A_PAD_R 5
+#define MT_PWDW_W8_A_DIL_H 6
+#define MT_PWDW_W8_A_DIL_W 7
+#define MT_PWDW_W8_A_GROUPS 8
+#define MT_PWDW_W8_A_LO_BITS 9
+#define MT_PWDW_W8_A_HI_BITS 10
+#define MT_PWDW_W8_A_LO2_BITS 11
+#define MT_PWDW_W8_A_HI2_BITS 12
+#define MT_OP_PWDW_W8_BWD 74
+#define MT_PWDW_W8_BWD_NSLOTS 20
+#define MT_PWDW_W8_BWD_NATTRS 9
+#define MT_PWDW_W8_BWD_DY 0
+#define MT_PWDW_W8_BWD_W2 1
+#define MT_PWDW_W8_BWD_M2 2
+#define MT_PWDW_W8_BWD_S2 3
+#define MT_PWDW_W8_BWD_DB 4
+#define MT_PWDW_W8_BWD_MDB 5
+#define MT_PWDW_W8_BWD_ACCDB 6
+#define MT_PWDW_W8_BWD_DW 7
+#define MT_PWDW_W8_BWD_M 8
+#define MT_PWDW_W8_BWD_S 9
+#define MT_PWDW_W8_BWD_W 10
+#define MT_PWDW_W8_BWD_DX 11
+#define MT_PWDW_W8_BWD_XG 12
+#define MT_PWDW_W8_BWD_WT 13
+#define MT_PWDW_W8_BWD_MT 14
+#define MT_PWDW_W8_BWD_ACCT 15
+#define MT_PWDW_W8_BWD_DXG 16
+#define MT_PWDW_W8_BWD_B 17
+#define MT_PWDW_W8_BWD_MB 18
+#define MT_PWDW_W8_BWD_ACCB 19
+#define MT_PWDW_W8_BWD_A_STRIDE_H 0
+#define MT_PWDW_W8_BWD_A_STRIDE_W 1
+#define MT_PWDW_W8_BWD_A_PAD_T 2
+#define MT_PWDW_W8_BWD_A_PAD_L 3
+#define MT_PWDW_W8_BWD_A_PAD_B 4
+#define MT_PWDW_W8_BWD_A_PAD_R 5
+#define MT_PWDW_W8_BWD_A_DIL_H 6
+#define MT_PWDW_W8_BWD_A_DIL_W 7
+#define MT_PWDW_W8_BWD_A_GROUPS 8
+#define MT_OP_MAX 74
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -896,7 +958,9 @@
     X(CONV2D_ACC_W8) \
     X(DEQUANTIZE_W) \
     X(CONV2D_Q8_DW_INPLACE) \
-    X(CONV2D_PW_INPLACE)
+    X(CONV2D_PW_INPLACE) \
+    X(PWDW_W8) \
+    X(PWDW_W8_BWD)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -999,6 +1063,8 @@
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* SCATTER_ACC_CH */ \
     {16, 23, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV_DW_PW_Q8 */ \
+    {14, 13, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(0, 3, 1), MT_SLOT(1, 4, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 4, 1), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8 */ \
+    {20, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 4, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(0, 3, 0), MT_SLOT(0, 4, 0), MT_SLOT(1, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(1, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(2, 3, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8_BWD */ \
 }
 
 /* error codes */
