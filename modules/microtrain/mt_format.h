@@ -835,6 +835,23 @@
 #define MT_CONV2D_PW_INPLACE_A_DIL_H 6
 #define MT_CONV2D_PW_INPLACE_A_DIL_W 7
 #define MT_CONV2D_PW_INPLACE_A_GROUPS 8
+#define MT_OP_CONV2D_PW_INPLACE_W8 67
+#define MT_CONV2D_PW_INPLACE_W8_NSLOTS 5
+#define MT_CONV2D_PW_INPLACE_W8_NATTRS 9
+#define MT_CONV2D_PW_INPLACE_W8_X 0
+#define MT_CONV2D_PW_INPLACE_W8_W 1
+#define MT_CONV2D_PW_INPLACE_W8_B 2
+#define MT_CONV2D_PW_INPLACE_W8_S 3
+#define MT_CONV2D_PW_INPLACE_W8_Y 4
+#define MT_CONV2D_PW_INPLACE_W8_A_STRIDE_H 0
+#define MT_CONV2D_PW_INPLACE_W8_A_STRIDE_W 1
+#define MT_CONV2D_PW_INPLACE_W8_A_PAD_T 2
+#define MT_CONV2D_PW_INPLACE_W8_A_PAD_L 3
+#define MT_CONV2D_PW_INPLACE_W8_A_PAD_B 4
+#define MT_CONV2D_PW_INPLACE_W8_A_PAD_R 5
+#define MT_CONV2D_PW_INPLACE_W8_A_DIL_H 6
+#define MT_CONV2D_PW_INPLACE_W8_A_DIL_W 7
+#define MT_CONV2D_PW_INPLACE_W8_A_GROUPS 8
 #define MT_OP_MAX 72
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
@@ -896,7 +913,8 @@
     X(CONV2D_ACC_W8) \
     X(DEQUANTIZE_W) \
     X(CONV2D_Q8_DW_INPLACE) \
-    X(CONV2D_PW_INPLACE)
+    X(CONV2D_PW_INPLACE) \
+    X(CONV2D_PW_INPLACE_W8)
 
 /* attribute groups: the same position in every op that has the group */
 #define MT_CONV_A_STRIDE_H 0
@@ -993,7 +1011,7 @@
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE_W8 */ \
     {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* DEQUANTIZE_W */ \
     {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC_W8 */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_PW_INPLACE_W8 */ \
     {7, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {6, 0, 255, 255}}, /* CONV2D_Q8_DW_INPLACE */ \
     {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_PW_INPLACE */ \
     {0, 0, {0}, {255, 255, 255, 255}}, \

@@ -1,0 +1,149 @@
+"""CONV2D_PW_INPLACE_W8: the in-place float 1x1 conv (CONV2D_PW_INPLACE) with its frozen weight int8
+(compile(frozen_weights="int8"), w8.py), computing on W' = float32(q) * scale[o].
+
+* A model whose frozen 1x1 projection (70 -> 6 channels: a 64-float chunk of each weight row and
+  a 6-float one) writes over its dead input, exported with both exporters: the plan runs
+  CONV2D_PW_INPLACE_W8 with the weight int8 and no float copy of it, predicts what PyTorch predicts
+  on the dequantized weights, and trains bit for bit as the same plan with planner="naive" (which
+  runs nothing in place: CONV2D_W8, itself checked against CONV2D in tests/test_w8.py).
+* The op alone against CONV2D_PW_INPLACE on a float32 weight holding float32(q) * scale[o], its
+  output over its input: the same bits, over one, two and three chunks, O == C, with and without
+  a bias (and PyTorch's result within float32 rounding).
+* A weight whose scales are not one positive normal float per output channel is refused at load.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as TF
+
+import microtrain
+from microtrain.ir import Quant
+from microtrain.native import PlanError
+from microtrain.training import TTensor
+
+from int8_models import export
+from test_inplace_q8_pointwise import data, same_bits
+from test_w8 import const, dequantized, quantized, run, single_op
+
+EXPORTERS = ("dynamo", "ts")
+
+
+class Projection(nn.Module):
+    """An inverted residual block (test_inplace_q8_pointwise.Block, wider): 1x1 expansion 6 -> 70,
+    depthwise, 1x1 projection 70 -> 6, add. Only the projection's bias and the Linear train, so the
+    projection's input dies at it (frozen weight, no input gradient), where the live bytes peak."""
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.conv = nn.Conv2d(1, 6, 3, padding=1)
+        self.pw1 = nn.Conv2d(6, 70, 1)
+        self.dw = nn.Conv2d(70, 70, 3, padding=1, groups=70)
+        self.pw = nn.Conv2d(70, 6, 1)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        x = TF.relu6(self.conv(x))
+        x = self.pw(TF.relu6(self.dw(TF.relu6(self.pw1(x))))) + x
+        return self.fc(torch.flatten(TF.adaptive_avg_pool2d(x, 1), 1))
+
+
+def plans(tmp_path, exporter):
+    path = export(Projection().eval(), str(tmp_path / ("projection-%s.onnx" % exporter)), exporter)
+    names = microtrain.compile(path, update="full").params()
+    update = [n for n in names if n.endswith("pw.bias") or n.startswith("fc.")]
+    return {p: microtrain.compile(path, update=update, saved="bits", frozen_weights="int8", lr=0.05, momentum=0.9,
+                                  planner=p) for p in ("greedy", "naive")}
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_frozen_int8_projection_runs_in_place_with_conv2d_w8_bits(tmp_path, exporter):
+    p = plans(tmp_path, exporter)
+    ops = [o["op"] for o in p["greedy"].ops]
+    assert ops.count("CONV2D_PW_INPLACE_W8") == 1 and "CONV2D_PW_INPLACE" not in ops
+    assert "CONV2D_PW_INPLACE_W8" not in [o["op"] for o in p["naive"].ops]
+    pw = next(o for o in p["greedy"].ops if o["op"] == "CONV2D_PW_INPLACE_W8")
+    t, owner = p["greedy"].tensors, p["greedy"].memory_owners()
+    x, w, y = pw["slots"][0], pw["slots"][1], pw["slots"][4]
+    assert owner[y] == owner[x] and t[y]["offset"] == t[x]["offset"] and t[y]["bytes"] < t[x]["bytes"]
+    # the weight is int8 in the constants and nothing else holds it: no float32 tensor of its shape
+    assert t[w]["dtype"] == "I8" and t[w]["storage"] == "CONST" and t[w]["name"] in p["greedy"].meta["w8"]
+    assert not [u for u in t if u["shape"] == t[w]["shape"] and u["dtype"] == "F32"]
+    # what PyTorch predicts with the frozen conv weights dequantized (w8.py's rule, worked out in torch)
+    model = Projection().eval()
+    with torch.no_grad():
+        for m in (model.conv, model.pw1, model.dw, model.pw):
+            m.weight.copy_(dequantized(m.weight))
+    xs, _ = data()
+    sim = microtrain.Simulator(p["greedy"])
+    want = model(torch.from_numpy(xs[0])).detach().numpy()
+    assert np.abs(sim.predict(xs[0]).reshape(want.shape) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert same_bits(p)
+
+
+# name: (C, O, H, W)
+SHAPES = {
+    "one chunk": (12, 4, 5, 6),
+    "two chunks": (70, 5, 4, 7),      # 64 + 6 floats of each row
+    "three chunks, O = C": (130, 130, 2, 3),
+    "one channel": (1, 1, 3, 3),
+}
+
+
+def pointwise_pair(C, O, H, W, bias, seed=0):
+    """CONV2D_PW_INPLACE on float32(q) * scale and CONV2D_PW_INPLACE_W8 on (q, scale), each alone in
+    a plan whose output takes its input's memory (the first O planes)."""
+    rng = np.random.default_rng(seed)
+    q, quant, wf = quantized(rng, (O, C, 1, 1))
+    b = rng.normal(size=O).astype(np.float32) if bias else None
+    out = []
+    for op, w, dt, qu in (("CONV2D_PW_INPLACE", wf, "F32", None), ("CONV2D_PW_INPLACE_W8", q, "I8", quant)):
+        y = TTensor("y", (1, O, H, W), view_of=0)
+        out.append(single_op(op, [TTensor("x", (1, C, H, W)), const("w", w, dt, qu), const("b", b) if bias else None],
+                             y, [1, 1, 0, 0, 0, 0, 1, 1, 1], TTensor("s", (C,))))
+    return rng, wf, b, out
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_pw_inplace_w8_is_pw_inplace_on_the_dequantized_weight(shape, bias):
+    C, O, H, W = SHAPES[shape]
+    rng, wf, b, plans_ = pointwise_pair(C, O, H, W, bias)
+    for plan in plans_:
+        t = plan.tensors
+        pw = plan.ops[0]
+        assert t[pw["slots"][4]]["offset"] == t[pw["slots"][0]]["offset"], "y over x"
+    assert plans_[1].ops[0]["op"] == "CONV2D_PW_INPLACE_W8"
+    for _ in range(2):
+        x = rng.normal(size=(1, C, H, W)).astype(np.float32)
+        want, got = run(plans_[0], x)[0], run(plans_[1], x)[0]
+        assert np.array_equal(got.view(np.int32), want.view(np.int32)), shape
+    t = TF.conv2d(torch.from_numpy(x).double(), torch.from_numpy(wf).double(),
+                  torch.from_numpy(b).double() if bias else None).numpy()
+    assert np.abs(got.reshape(t.shape) - t).max() <= 1e-5 * max(1.0, np.abs(t).max())
+
+
+@pytest.mark.parametrize("scales, error", [
+    ([0.0, 0.01, 0.02, 0.03], "invalid tensor record"),
+    ([0.01, np.nan, 0.02, 0.03], "invalid tensor record"),
+    ([0.01, 0.02, -0.03, 0.04], "invalid tensor record"),
+    ([0.01, 0.02, np.inf, 0.04], "invalid tensor record"),
+    (None, "needs one scale per output channel"),
+    (0.01, "needs one scale per output channel"),
+])
+def test_bad_scales_are_refused_at_load(scales, error):
+    """Scales that are not positive normal floats are refused by the quantization record's check
+    (every int8 tensor's); a weight without one scale per output channel by the op's (W8_SCALES)."""
+    C, O = 6, 4
+    q = np.random.default_rng(1).integers(-127, 128, size=(O, C, 1, 1)).astype(np.int8)
+    if scales is None:
+        quant = None
+    elif np.ndim(scales) == 0:
+        quant = Quant(np.float32(scales), 0)
+    else:
+        quant = Quant(np.array(scales, np.float32), np.zeros(O, np.int32), 0)
+    with pytest.raises(PlanError, match=error):
+        single_op("CONV2D_PW_INPLACE_W8", [TTensor("x", (1, C, 3, 3)), const("w", q, "I8", quant), None],
+                  TTensor("y", (1, O, 3, 3), view_of=0), [1, 1, 0, 0, 0, 0, 1, 1, 1], TTensor("s", (C,)))
