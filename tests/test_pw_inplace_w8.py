@@ -43,6 +43,8 @@ class Projection(nn.Module):
         self.dw = nn.Conv2d(70, 70, 3, padding=1, groups=70)
         self.pw = nn.Conv2d(70, 6, 1)
         self.fc = nn.Linear(6, 4)
+        with torch.no_grad():   # the projection's inputs mostly above 0: every chunk of a row counts
+            self.dw.bias.uniform_(0.5, 1.0)
 
     def forward(self, x):
         x = TF.relu6(self.conv(x))
@@ -125,21 +127,31 @@ def test_pw_inplace_w8_is_pw_inplace_on_the_dequantized_weight(shape, bias):
     assert np.abs(got.reshape(t.shape) - t).max() <= 1e-5 * max(1.0, np.abs(t).max())
 
 
+W8_SCALES = r"needs one scale per output channel .* recompile the plan \(op 0"
+
+
 @pytest.mark.parametrize("scales, error", [
     ([0.0, 0.01, 0.02, 0.03], "invalid tensor record"),
     ([0.01, np.nan, 0.02, 0.03], "invalid tensor record"),
     ([0.01, 0.02, -0.03, 0.04], "invalid tensor record"),
     ([0.01, 0.02, np.inf, 0.04], "invalid tensor record"),
-    (None, "needs one scale per output channel"),
-    (0.01, "needs one scale per output channel"),
+    (None, W8_SCALES),
+    (0.01, W8_SCALES),
+    ("axis 1", W8_SCALES),
+    ("zero point", W8_SCALES),
 ])
 def test_bad_scales_are_refused_at_load(scales, error):
     """Scales that are not positive normal floats are refused by the quantization record's check
-    (every int8 tensor's); a weight without one scale per output channel by the op's (W8_SCALES)."""
+    (every int8 tensor's, before any op's); a weight without one scale per output channel (no
+    record, one scale, scales along the input channels, a nonzero zero point) by the op's (W8_SCALES)."""
     C, O = 6, 4
     q = np.random.default_rng(1).integers(-127, 128, size=(O, C, 1, 1)).astype(np.int8)
     if scales is None:
         quant = None
+    elif scales == "axis 1":
+        quant = Quant(np.full(C, 0.01, np.float32), np.zeros(C, np.int32), 1)
+    elif scales == "zero point":
+        quant = Quant(np.full(O, 0.01, np.float32), np.array([0, 1, 0, 0], np.int32), 0)
     elif np.ndim(scales) == 0:
         quant = Quant(np.float32(scales), 0)
     else:
