@@ -1,7 +1,7 @@
 """CONV2D_PW_INPLACE_W8: the in-place float 1x1 conv (CONV2D_PW_INPLACE) with its frozen weight int8
 (compile(frozen_weights="int8"), w8.py), computing on W' = float32(q) * scale[o].
 
-* A model whose frozen 1x1 projection (70 -> 6 channels: a 64-float chunk of each weight row and
+* A model whose frozen 1x1 projection (70 -> 4 channels: a 64-float chunk of each weight row and
   a 6-float one) writes over its dead input, exported with both exporters: the plan runs
   CONV2D_PW_INPLACE_W8 with the weight int8 and no float copy of it, predicts what PyTorch predicts
   on the dequantized weights, and trains bit for bit as the same plan with planner="naive" (which
@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as TF
 
 import microtrain
@@ -25,37 +24,27 @@ from microtrain.native import PlanError
 from microtrain.training import TTensor
 
 from int8_models import export
-from test_inplace_q8_pointwise import data, same_bits
+from test_inplace_q8_pointwise import Block, data, same_bits
 from test_w8 import const, dequantized, quantized, run, single_op
 
 EXPORTERS = ("dynamo", "ts")
 
 
-class Projection(nn.Module):
-    """An inverted residual block (test_inplace_q8_pointwise.Block, wider): 1x1 expansion 6 -> 70,
-    depthwise, 1x1 projection 70 -> 6, add. Only the projection's bias and the Linear train, so the
-    projection's input dies at it (frozen weight, no input gradient), where the live bytes peak."""
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(5)
-        self.conv = nn.Conv2d(1, 6, 3, padding=1)
-        self.pw1 = nn.Conv2d(6, 70, 1)
-        self.dw = nn.Conv2d(70, 70, 3, padding=1, groups=70)
-        self.pw = nn.Conv2d(70, 6, 1)
-        self.fc = nn.Linear(6, 4)
-        with torch.no_grad():   # the projection's inputs mostly above 0: every chunk of a row counts
-            self.dw.bias.uniform_(0.5, 1.0)
-
-    def forward(self, x):
-        x = TF.relu6(self.conv(x))
-        x = self.pw(TF.relu6(self.dw(TF.relu6(self.pw1(x))))) + x
-        return self.fc(torch.flatten(TF.adaptive_avg_pool2d(x, 1), 1))
+def projection_block():
+    """test_inplace_q8_pointwise.Block with a 70-channel expansion: its frozen 1x1 projection 70 -> 4
+    writes over its dead input where the live bytes peak (only the projection's bias and the Linear
+    train). The depthwise biases > 0 keep the projection's inputs mostly above 0, so that every
+    chunk of a weight row counts."""
+    model = Block(expand=70)
+    with torch.no_grad():
+        model.dw.bias.uniform_(0.5, 1.0)
+    return model.eval()
 
 
 def plans(tmp_path, exporter):
-    path = export(Projection().eval(), str(tmp_path / ("projection-%s.onnx" % exporter)), exporter)
+    path = export(projection_block(), str(tmp_path / ("projection-%s.onnx" % exporter)), exporter)
     names = microtrain.compile(path, update="full").params()
-    update = [n for n in names if n.endswith("pw.bias") or n.startswith("fc.")]
+    update = [n for n in names if n.endswith("pw2.bias") or n.startswith("fc.")]
     return {p: microtrain.compile(path, update=update, saved="bits", frozen_weights="int8", lr=0.05, momentum=0.9,
                                   planner=p) for p in ("greedy", "naive")}
 
@@ -74,9 +63,9 @@ def test_frozen_int8_projection_runs_in_place_with_conv2d_w8_bits(tmp_path, expo
     assert t[w]["dtype"] == "I8" and t[w]["storage"] == "CONST" and t[w]["name"] in p["greedy"].meta["w8"]
     assert not [u for u in t if u["shape"] == t[w]["shape"] and u["dtype"] == "F32"]
     # what PyTorch predicts with the frozen conv weights dequantized (w8.py's rule, worked out in torch)
-    model = Projection().eval()
+    model = projection_block()
     with torch.no_grad():
-        for m in (model.conv, model.pw1, model.dw, model.pw):
+        for m in (model.conv, model.pw1, model.dw, model.pw2):
             m.weight.copy_(dequantized(m.weight))
     xs, _ = data()
     sim = microtrain.Simulator(p["greedy"])
