@@ -249,6 +249,9 @@ def seeds():
         "mbconv_bias_saved_int8": c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8"),
         # the 1x1 projection, frozen, writes over its input where the live bytes peak (CONV2D_PW_INPLACE)
         "mbconv_projection_in_place": c(mbconv(seed=10), update=["pw2.b", "fc.w", "fc.b"], lr=0.05, momentum=0.9),
+        # and with its weight int8 (CONV2D_PW_INPLACE_W8)
+        "mbconv_projection_in_place_w8": c(mbconv(seed=10), update=["pw2.b", "fc.w", "fc.b"], lr=0.05, momentum=0.9,
+                                           frozen_weights="int8"),
         "digits_cnn_last_layer": c(os.path.join(ROOT, "examples", "digits_cnn.onnx"), update="last-layer",
                                    lr=0.05, momentum=0.9),
         # channel-sparse: c1 and pw train on some input channels, dw on some of its channels

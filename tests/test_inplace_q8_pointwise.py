@@ -42,14 +42,15 @@ class Stem(nn.Module):
 class Block(nn.Module):
     """An inverted residual block (1x1 expansion 4 -> 12, depthwise, 1x1 projection 12 -> 4, add):
     with the projection's bias and the head training, the projection's input dies at it, where
-    the live bytes peak (block input, expansion and projection output alive)."""
-    def __init__(self):
+    the live bytes peak (block input, expansion and projection output alive). `expand` channels
+    wide (tests/test_pw_inplace_w8.py: 70)."""
+    def __init__(self, expand=12):
         super().__init__()
         torch.manual_seed(4)
         self.conv = nn.Conv2d(1, 4, 3, padding=1)
-        self.pw1 = nn.Conv2d(4, 12, 1)
-        self.dw = nn.Conv2d(12, 12, 3, padding=1, groups=12)
-        self.pw2 = nn.Conv2d(12, 4, 1)
+        self.pw1 = nn.Conv2d(4, expand, 1)
+        self.dw = nn.Conv2d(expand, expand, 3, padding=1, groups=expand)
+        self.pw2 = nn.Conv2d(expand, 4, 1)
         self.fc = nn.Linear(4, 4)
 
     def forward(self, x):

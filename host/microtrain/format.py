@@ -314,6 +314,8 @@ OPS = (
     # the first O planes of x, which nothing reads after it: pixel by pixel, its C input values
     # are copied to s (C floats) before its O outputs are written
     OpSpec("CONV2D_PW_INPLACE", 69, _s("x w b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
+    # CONV2D_PW_INPLACE with a frozen int8 weight (W8, above): the same bits on W' = float32(q) * scale[o]
+    OpSpec("CONV2D_PW_INPLACE_W8", 67, _s("x w:I8 b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
     # an expansion block's float 1x1 conv (frozen int8 w, the trained input channels xg of a split
     # weight in wt), its Clip (lo_bits, hi_bits) with the 1-bit mask m, and the depthwise conv dw
     # (the CONV attributes, groups = channels) after it, one channel at a time: the 1x1 output

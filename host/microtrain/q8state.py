@@ -7,7 +7,7 @@ scale = max|w| / 127 over the channel (a channel of zeros takes the weight's lar
 2^-7 if the whole weight is 0), codes = clamp(round_half_even(w / scale), -127, 127). Biases
 stay float32. The input gradient reads the int8 weight itself (CONV2D_BWD_INPUT_Q8,
 GEMM_BWD_INPUT_Q8, the kernels of frozen int8 layers); so do the forward convolutions whose
-filters fit the W8 kernels (CONV2D_W8, CONV2D_ACC_W8, CONV2D_DW_INPLACE_W8,
+filters fit the W8 kernels (CONV2D_W8, CONV2D_ACC_W8, CONV2D_DW_INPLACE_W8, CONV2D_PW_INPLACE_W8,
 CONV2D_BWD_INPUT_DW_INPLACE_W8: at most 64 taps, w8.py; the same bits as the float op on the
 dequantized weight). Every other op that reads the weight (a Gemm, a larger filter) reads a float
 copy that a DEQUANTIZE_W op makes just before it, so the copy lives in the arena for that op only; the
@@ -26,6 +26,7 @@ TRAINED_WEIGHTS = ("float32", "int8")
 GEMM_OPS = ("GEMM", "GEMM_BWD_INPUT", "GEMM_BWD_WEIGHT")
 READS_INT8 = {"CONV2D_BWD_INPUT": "CONV2D_BWD_INPUT_Q8", "GEMM_BWD_INPUT": "GEMM_BWD_INPUT_Q8"}   # same slots
 READS_W8 = {"CONV2D": "CONV2D_W8", "CONV2D_ACC": "CONV2D_ACC_W8", "CONV2D_DW_INPLACE": "CONV2D_DW_INPLACE_W8",
+            "CONV2D_PW_INPLACE": "CONV2D_PW_INPLACE_W8",
             "CONV2D_BWD_INPUT_DW_INPLACE": "CONV2D_BWD_INPUT_DW_INPLACE_W8"}   # same slots, the weight int8
 W8_TAPS = 64   # MT_W8_BUF (mt_conv.c): the W8 kernels' filters
 ZERO_WEIGHT_SCALE = 2.0 ** -7

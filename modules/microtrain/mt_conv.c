@@ -764,24 +764,44 @@ static uint32_t conv_pw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *re
     return sizeof(conv_pw_rec_t);
 }
 
-static int conv_pw_run(mt_ctx_t *ctx, const void *rec) {
-    const conv_pw_rec_t *r = rec;
-    const float *w = MT_F32(ctx, r->w), *b = MT_F32(ctx, r->b);
+/* int8 filters dequantized (the W8 ops, below) */
+static void w8_filters(const int8_t *q, const float *scales, uint32_t o, uint32_t n, size_t taps, float *out);
+
+/* The float weight w, or (CONV2D_PW_INPLACE_W8) the int8 weight wq with its scales, each row
+ * w'[o] dequantized into the caller's buf (MT_W8_BUF floats) a chunk at a time and summed on into
+ * the same acc: the same terms in the same order either way. The int8 form dequantizes the whole
+ * weight once per pixel (y overwrites x, so the pixel loop must stay outermost). */
+static void conv_pw(const conv_pw_rec_t *r, mt_ctx_t *ctx, const float *w, const int8_t *wq, const float *scales,
+    float *buf) {
+    const float *b = MT_F32(ctx, r->b);
     float *x = MT_F32(ctx, r->x), *s = MT_F32(ctx, r->s), *y = MT_F32(ctx, r->y);
     const size_t P = r->P;
+    const uint32_t chunk = wq != NULL ? MT_W8_BUF : r->C;
     for (size_t p = 0; p < P; p++) {
         for (uint32_t c = 0; c < r->C; c++) {
             s[c] = x[c * P + p];
         }
         for (uint32_t o = 0; o < r->O; o++) {
-            const float *wo = w + (size_t)o * r->C;
             float acc = b != NULL ? b[o] : 0.0f;
-            for (uint32_t c = 0; c < r->C; c++) {
-                acc += wo[c] * s[c];
+            for (uint32_t c0 = 0; c0 < r->C; c0 += chunk) {
+                const uint32_t nc = r->C - c0 < chunk ? r->C - c0 : chunk;
+                const float *wo = w + (size_t)o * r->C + c0;
+                if (wq != NULL) {
+                    w8_filters(wq + (size_t)o * r->C + c0, scales, o, nc, 1, buf);
+                    wo = buf;
+                }
+                for (uint32_t c = 0; c < nc; c++) {
+                    acc += wo[c] * s[c0 + c];
+                }
             }
             y[o * P + p] = acc;
         }
     }
+}
+
+static int conv_pw_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_pw_rec_t *r = rec;
+    conv_pw(r, ctx, MT_F32(ctx, r->w), NULL, NULL, NULL);
     return MT_OK;
 }
 
@@ -847,8 +867,6 @@ static void bwd_input_pair(const pass_t *p, const pass_t *q, uint8_t kind, const
         pass_gather(q, dyo, dxc, last, -(int32_t)p->KW, -1);
     }
 }
-
-static void w8_filters(const int8_t *q, const float *scales, uint32_t o, uint32_t n, size_t taps, float *out);
 
 static void bwd_input_pw_w8(const conv_geom_t *g, const float *dy, const int8_t *w, const float *scales, float *buf,
     float *dx);
@@ -1080,7 +1098,10 @@ typedef char w8_slots_match_float[(MT_CONV2D_W8_W == MT_CONV2D_W && MT_CONV2D_W8
     && MT_CONV2D_BWD_INPUT_W8_DX == MT_CONV2D_BWD_INPUT_DX && MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_S == MT_CONV2D_BWD_INPUT_DW_INPLACE_S
     && MT_CONV2D_BWD_INPUT_DW_INPLACE_W8_DX == MT_CONV2D_BWD_INPUT_DW_INPLACE_DX
     && MT_CONV2D_ACC_W8_X == MT_CONV2D_ACC_X && MT_CONV2D_ACC_W8_W == MT_CONV2D_ACC_W
-    && MT_CONV2D_ACC_W8_ACC == MT_CONV2D_ACC_ACC && MT_CONV2D_ACC_W8_Y == MT_CONV2D_ACC_Y) ? 1 : -1];
+    && MT_CONV2D_ACC_W8_ACC == MT_CONV2D_ACC_ACC && MT_CONV2D_ACC_W8_Y == MT_CONV2D_ACC_Y
+    && MT_CONV2D_PW_INPLACE_W8_X == MT_CONV2D_PW_INPLACE_X && MT_CONV2D_PW_INPLACE_W8_W == MT_CONV2D_PW_INPLACE_W
+    && MT_CONV2D_PW_INPLACE_W8_B == MT_CONV2D_PW_INPLACE_B && MT_CONV2D_PW_INPLACE_W8_S == MT_CONV2D_PW_INPLACE_S
+    && MT_CONV2D_PW_INPLACE_W8_Y == MT_CONV2D_PW_INPLACE_Y) ? 1 : -1];
 
 /* out = the n filters of output channel o (taps each) of int8 q, times scale[o] */
 static void w8_filters(const int8_t *q, const float *scales, uint32_t o, uint32_t n, size_t taps, float *out) {
@@ -1212,6 +1233,33 @@ static int conv_dw_w8_run(mt_ctx_t *ctx, const void *rec) {
 }
 
 const mt_opdef_t mt_op_CONV2D_DW_INPLACE_W8 = {conv_dw_w8_check, conv_dw_w8_prepare, conv_dw_w8_run};
+
+typedef struct {
+    conv_pw_rec_t f;
+    uint32_t scales;
+} conv_pw_w8_rec_t;
+
+static int conv_pw_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    return w8_check(conv_pw_check(ctx, op), ctx, &op->t[MT_CONV2D_PW_INPLACE_W8_W]);
+}
+
+static uint32_t conv_pw_w8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_pw_w8_rec_t *r = rec;
+    if (r != NULL) {
+        conv_pw_prepare(ctx, op, &r->f);
+        w8_weight_ok(ctx, &op->t[MT_CONV2D_PW_INPLACE_W8_W], &r->scales);
+    }
+    return sizeof(conv_pw_w8_rec_t);
+}
+
+static int conv_pw_w8_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_pw_w8_rec_t *r = rec;
+    float buf[MT_W8_BUF];
+    conv_pw(&r->f, ctx, NULL, (const int8_t *)mt_ptr(ctx, r->f.w), MT_F32(ctx, r->scales), buf);
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV2D_PW_INPLACE_W8 = {conv_pw_w8_check, conv_pw_w8_prepare, conv_pw_w8_run};
 
 typedef struct {
     conv_bwd_input_dw_rec_t f;
