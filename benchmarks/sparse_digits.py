@@ -14,11 +14,14 @@ scheme's peak RAM, and full float fine-tuning in PyTorch (the same per-sample SG
 three learning rates, which favours the reference), each with its test accuracy and peak RAM
 (the float full-update plan's for PyTorch) and its share of the full fine-tuning's gain.
 
---trained-weights int8 stores the trained conv/Linear weights of the microtrain rows as int8
-codes with per-channel scales, updated with the float gradient and rounded (docs/sparse.md).
+The frozen conv weights of the float layers are int8 with per-channel scales (--frozen-weights,
+default int8: an int8 backbone, w8.py), so each block the gradient passes through runs a
+channel at a time (dw_stream.py, docs/sparse.md). --trained-weights int8 stores the trained
+conv/Linear weights of the microtrain rows as int8 codes with per-channel scales, updated with
+the float gradient and rounded (docs/sparse.md).
 
     python benchmarks/sparse_digits.py [--epochs 4] [--saved int8|bits|float32] [--json FILE]
-                                       [--trained-weights float32|int8]
+                                       [--trained-weights float32|int8] [--frozen-weights float32|int8]
 """
 import argparse
 import json
@@ -32,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import microtrain
+import microtrain.w8
 from microtrain.budget import choose
 
 LR, MOMENTUM = 0.003, 0.9  # adaptation: per-sample SGD, on the board and in PyTorch
@@ -90,6 +94,9 @@ def main():
                     ".json and docs/sparse.md are measured with the default, bits")
     ap.add_argument("--trained-weights", choices=microtrain.q8state.TRAINED_WEIGHTS, default="float32",
                     help="how the microtrain rows store their trained weights (compile(trained_weights=...))")
+    ap.add_argument("--frozen-weights", choices=microtrain.w8.FROZEN_WEIGHTS, default="int8",
+                    help="how the microtrain rows store the frozen weights of their float layers "
+                    "(compile(frozen_weights=...))")
     args = ap.parse_args()
     from sklearn.datasets import load_digits
     d = load_digits()
@@ -107,7 +114,7 @@ def main():
     print("pretrained: source-domain accuracy %.3f (held-out source images), shifted test %.3f"
           % (torch_acc(net, (x[1600:]), y[1600:]), torch_acc(net, test_x, test_y)), flush=True)
     q = dict(quantize="int8", calibration=src_x[:200], saved=args.saved, lr=LR, momentum=MOMENTUM,
-             trained_weights=args.trained_weights)
+             trained_weights=args.trained_weights, frozen_weights=args.frozen_weights)
     sparse = {"scheme": "digits-sparse", "classifier": "full",
               "bias_updates": [{"conv_index": k} for k in range(1, 7)],
               "weight_updates": [{"conv_index": 1, "ratio": 0.25, "select": "magnitude+"},

@@ -267,6 +267,11 @@ def seeds():
     out["masks_bits_mom"] = c(masked(), update=["c.weight", "c.bias"], lr=0.05, momentum=0.9, saved="bits")
     # frozen conv weights int8 (w8.py): CONV2D_W8, the depthwise in place and the input gradients
     out["mbconv_bias_w8"] = c(mbconv(), update="bias", lr=0.05, momentum=0.9, saved="int8", frozen_weights="int8")
+    # the block streamed a channel at a time (dw_stream.py: PWDW_W8, PWDW_W8_BWD), the expansion split
+    out["mbconv_streamed"] = c(mbconv(), lr=0.05, momentum=0.9, saved="bits", frozen_weights="int8",
+                               trained_weights="int8", update={
+                                   "classifier": "full", "bias_updates": [{"initializer": "pw1.b"}, {"initializer": "dw.b"}],
+                                   "weight_updates": [{"initializer": "pw1.w", "channel_axis": 1, "selected_channels": [1]}]})
     # trained weights int8 (DEQUANTIZE_W, int8 parameters in the sinks and in an SGD op with batch 2)
     for name, kw in (("int8_weights_sparse_mom", dict(momentum=0.9)), ("int8_weights_full_batch2", dict(batch=2))):
         out[name] = c(cnn(seed=8, hw=6, n_out=3), lr=0.05, trained_weights="int8",

@@ -2,16 +2,18 @@
 PWDW_W8_BWD, mt_pwdw_w8.c).
 
 A small MobileNet block (3x3 conv, 1x1 expansion, depthwise kxk at stride 1 with a residual or
-stride 2 without, 1x1 projection, Linear head; both exporters) trains with every weight int8
-(frozen_weights="int8", trained_weights="int8", saved="bits"), its expansion weight split (some
-input channels train), trained whole, or frozen with only the biases training:
+stride 2 without, 1x1 projection, Linear head; both exporters) trains with its frozen weights
+int8 (frozen_weights="int8", saved="bits") and its trained weights int8 or float32, its
+expansion weight split (some input channels train), trained whole, or frozen with only the
+biases training:
 * the fused plan is the unfused plan bit for bit (predictions, and every parameter after 20
   steps with momentum, and with batches of 4), and its live arena peak is lower;
 * PyTorch autograd, the module holding the plan's weights at each step (the frozen ones
-  dequantized, the trained ones code x scale), gives the codes the plan's update rule gives
-  (test_q8_state.py's oracle) and the biases within 1e-4;
+  dequantized, the trained ones code x scale or float), gives the codes the plan's update rule
+  gives (test_q8_state.py's oracle) and the float parameters within 1e-4;
 * a scratch plane of the wrong size is refused at load;
-* no block is fused where the depthwise weight trains or a trained weight is float32.
+* no block is fused where the depthwise weight trains, a frozen weight is float32, or with the
+  naive planner.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from test_sparse import onnx_names
 
 LR, RTOL, STEPS = 0.05, 1e-4, 20
 INT8 = dict(saved="bits", frozen_weights="int8", trained_weights="int8")
+WEIGHTS = {"int8": INT8, "float32": dict(INT8, trained_weights="float32")}
 
 
 class MBBlock(nn.Module):
@@ -104,14 +107,15 @@ def run(plan, xs, ys):
     return before + [sim.predict(x) for x in xs[:4]], sim.params()
 
 
+@pytest.mark.parametrize("trained", sorted(WEIGHTS))
 @pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
 @pytest.mark.parametrize("block", sorted(BLOCKS))
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
-def test_fused_plan_is_the_unfused_plan(files, monkeypatch, scheme, block, exporter):
+def test_fused_plan_is_the_unfused_plan(files, monkeypatch, scheme, block, exporter, trained):
     _, paths = files[block]
     xs, ys = data()
     for kw in (dict(momentum=0.9), dict(batch=4)):
-        kw.update(INT8, update=SCHEMES[scheme], lr=LR)
+        kw.update(WEIGHTS[trained], update=SCHEMES[scheme], lr=LR)
         plan = microtrain.compile(paths[exporter], **kw)
         plain = unfused(monkeypatch, paths[exporter], **kw)
         names = onnx_names(plan)
@@ -143,12 +147,13 @@ def torch_grads(module, names, values, x, y):
     return {on: params[tn].grad.numpy() for tn, on in names.items()}
 
 
+@pytest.mark.parametrize("trained", sorted(WEIGHTS))
 @pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
 @pytest.mark.parametrize("scheme", ["split", "whole"])
 @pytest.mark.parametrize("block", sorted(BLOCKS))
-def test_fused_block_matches_pytorch_step_by_step(files, scheme, block, exporter):
+def test_fused_block_matches_pytorch_step_by_step(files, scheme, block, exporter, trained):
     module, paths = files[block]
-    plan = microtrain.compile(paths[exporter], update=SCHEMES[scheme], lr=LR, **INT8)
+    plan = microtrain.compile(paths[exporter], update=SCHEMES[scheme], lr=LR, **WEIGHTS[trained])
     assert "PWDW_W8_BWD" in ops(plan)
     names = onnx_names(plan)
     sim = microtrain.Simulator(plan)
@@ -167,7 +172,7 @@ def test_fused_block_matches_pytorch_step_by_step(files, scheme, block, exporter
         after = sim.params()
         for name in before:
             grad = slice_grad(plan, name, g)
-            if name not in q8:   # a float32 bias: PyTorch's SGD step
+            if name not in q8:   # a float32 parameter: PyTorch's SGD step
                 want = before[name].astype(np.float64) - LR * grad
                 assert np.abs(after[name] - want).max() <= RTOL * max(np.abs(want).max(), 1e-6), name
                 continue
@@ -183,6 +188,9 @@ def test_fused_block_matches_pytorch_step_by_step(files, scheme, block, exporter
     assert ties <= checked // 200, "%d of %d codes near a tie" % (ties, checked)
     for name in q8:
         assert not np.array_equal(codes(sim, name), start[name]), "%s did not train" % name
+    first = plan.onnx_params(microtrain.Simulator(plan).params())
+    for name, v in plan.onnx_params(sim.params()).items():
+        assert not np.array_equal(v, first[name]), "%s did not train" % name
 
 
 @pytest.mark.parametrize("op, slot", [("PWDW_W8", "s"), ("PWDW_W8", "y"), ("PWDW_W8_BWD", "s"),
@@ -205,11 +213,13 @@ def test_a_plane_of_the_wrong_size_is_refused(files, op, slot, delta):
 
 
 def test_no_fusion_where_it_would_change_what_an_op_reads(files):
-    """A trained depthwise weight reads the expansion's output in its gradient; a float32 trained
-    weight has no int8 form in the fused op; the naive planner keeps every tensor."""
+    """A trained depthwise weight reads the expansion's output in its gradient; the fused op reads
+    int8 frozen weights only; saved="int8" keeps the ReLU6 outputs the backward reads; the naive
+    planner keeps every tensor."""
     path = files["s1k3"][1]["ts13"]
     dw_trains = dict(SCHEMES["biases"], weight_updates=[{"conv_index": 2, "ratio": 1.0, "channel_axis": 0}])
     assert "PWDW_W8" not in ops(microtrain.compile(path, update=dw_trains, **INT8))
-    assert "PWDW_W8" not in ops(microtrain.compile(path, update=SCHEMES["split"], saved="bits", frozen_weights="int8"))
+    assert "PWDW_W8" not in ops(microtrain.compile(path, update=SCHEMES["split"], saved="bits"))
+    assert "PWDW_W8" not in ops(microtrain.compile(path, update=SCHEMES["split"], **dict(INT8, saved="int8")))
     assert "PWDW_W8" not in ops(microtrain.compile(path, update=SCHEMES["split"], planner="naive", **INT8))
-    assert "PWDW_W8" in ops(microtrain.compile(path, update=SCHEMES["biases"], saved="bits", frozen_weights="int8"))
+    assert "PWDW_W8" in ops(microtrain.compile(path, update=SCHEMES["split"], **INT8))

@@ -89,8 +89,17 @@ def _const_i8(t):
     return t.storage == "CONST" and t.dtype == "I8"
 
 
-def _param_i8(t):
-    return bool(t.flags & F.TFLAGS["PARAM"]) and t.dtype == "I8"
+def _trained(t, f32):
+    """A trainable parameter, float32 (f32) or int8 (q8state.py)."""
+    return bool(t.flags & F.TFLAGS["PARAM"]) and t.dtype == ("F32" if f32 else "I8")
+
+
+def _expansion_weight_ok(w, op, acc):
+    """The expansion's weight: frozen int8 (a split weight's frozen part when acc adds the trained
+    part), or trained whole (int8 read by CONV2D_W8, float32 by CONV2D)."""
+    if op == "CONV2D_W8" and _const_i8(w):
+        return True
+    return acc is None and _trained(w, f32=op == "CONV2D")
 
 
 def _clip_mask(ops, k, x):
@@ -118,14 +127,15 @@ def _find(tensors, ops):
         if cm is None or _slot(cm[0], "y") != _slot(d, "x"):
             continue
         j, acc = k - 3, None
-        if ops[j].name == "CONV2D_ACC_W8" and _slot(ops[j], "y") == _slot(cm[0], "x"):
+        if ops[j].name in ("CONV2D_ACC_W8", "CONV2D_ACC") and _slot(ops[j], "y") == _slot(cm[0], "x"):
             acc, j = ops[j], j - 1
         pw = ops[j] if j >= 0 else None
-        # the 1x1 weight frozen, or trained whole (a trained weight's frozen part, with acc)
-        if (pw is None or pw.name != "CONV2D_W8" or pw.attrs != PW_ATTRS
-                or not (_const_i8(tensors[_slot(pw, "w")]) or (acc is None and _param_i8(tensors[_slot(pw, "w")])))
-                or _slot(pw, "y") != (_slot(acc, "acc") if acc else _slot(cm[0], "x"))
-                or (acc is not None and (acc.attrs != PW_ATTRS or tensors[_slot(acc, "w")].dtype != "I8"))):
+        # the 1x1 weight frozen int8 (then maybe a split weight's trained part added: acc), or trained
+        # whole (int8 or float32)
+        if (pw is None or pw.name not in ("CONV2D_W8", "CONV2D") or pw.attrs != PW_ATTRS
+                or not _expansion_weight_ok(tensors[_slot(pw, "w")], pw.name, acc) or _slot(pw, "y") != (_slot(acc, "acc") if acc else _slot(cm[0], "x"))
+                or (acc is not None and (acc.attrs != PW_ATTRS
+                                         or not _trained(tensors[_slot(acc, "w")], acc.name == "CONV2D_ACC")))):
             continue
         block = dict(pw=pw, acc=acc, clip=cm[0], mask=cm[1], dw=d, k=k, clip2=None, mask2=None, pw2=None)
         # the second stage: the depthwise output's CLIP and mask, and the 1x1 conv reading it
@@ -182,6 +192,7 @@ def _find_backward(tensors, ops, blk):
         want = {
             "CONV2D_BWD_INPUT_W8": ("dx_frozen", lambda q: frozen is not None and _slot(q, "w") == frozen),
             "CONV2D_BWD_INPUT_Q8": ("dx_trained", lambda q: tw is not None and _slot(q, "w") == tw),
+            "CONV2D_BWD_INPUT": ("dx_trained", lambda q: tw is not None and _slot(q, "w") == tw),
             "CONV2D_BWD_WEIGHT": ("weight", lambda q: tw is not None and _slot(q, "w") == tw and _slot(q, "x") == tx),
             "BIAS_BWD": ("bias", lambda q: _slot(pw, "b") is not None and _slot(q, "w") == _slot(pw, "b")),
         }
@@ -248,9 +259,12 @@ def _fuse(tensors, ops, blk, roles):
         y = _plane(tensors, "%s@plane" % tensors[_slot(d, "y")].name, tensors[_slot(d, "y")].shape)
     s = _plane(tensors, "%s@plane" % e.name, e.shape)
     clip2 = blk["clip2"].attrs if pw2 is not None else [0, 0]
+    # the trained weight (a split weight's trained part, or the weight trained whole over xg = x)
+    frozen = _slot(pw, "w") if _const_i8(tensors[_slot(pw, "w")]) else None
+    xg, wt = (_slot(acc, "x"), _slot(acc, "w")) if acc else (None, None) if frozen else (_slot(pw, "x"), _slot(pw, "w"))
+    f32 = wt is not None and tensors[wt].dtype == "F32"
     fo = type(pw)("PWDW_W8", "FORWARD",
-                  [_slot(pw, "x"), _slot(pw, "w"), _slot(pw, "b"),
-                   _slot(acc, "x") if acc else None, _slot(acc, "w") if acc else None,
+                  [_slot(pw, "x"), frozen, _slot(pw, "b"), xg, None if f32 else wt, wt if f32 else None,
                    _slot(blk["mask"], "m"), _slot(d, "w"), _slot(d, "b"), s, y,
                    _slot(blk["mask2"], "m") if pw2 else None, _slot(pw2, "w") if pw2 else None,
                    _slot(pw2, "b") if pw2 else None, z],

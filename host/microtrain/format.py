@@ -316,23 +316,26 @@ OPS = (
     OpSpec("CONV2D_PW_INPLACE", 69, _s("x w b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
     # CONV2D_PW_INPLACE with a frozen int8 weight (W8, above): the same bits on W' = float32(q) * scale[o]
     OpSpec("CONV2D_PW_INPLACE_W8", 67, _s("x w:I8 b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
-    # an expansion block's float 1x1 conv (frozen int8 w, the trained input channels xg of a split
-    # weight in wt), its Clip (lo_bits, hi_bits) with the 1-bit mask m, and the depthwise conv dw
+    # an expansion block's float 1x1 conv (frozen int8 w, and the trained input channels xg of a split
+    # weight in wt, int8, or wtf, float32; a weight trained whole is wt or wtf over xg = x without w),
+    # its Clip (lo_bits, hi_bits) with the 1-bit mask m, and the depthwise conv dw
     # (the CONV attributes, groups = channels) after it, one channel at a time: the 1x1 output
     # exists only as s, one plane. With w2, the depthwise output's Clip (lo2_bits, hi2_bits; mask
     # m2) and the 1x1 conv w2 (bias b2) after it too: the depthwise output is then only y, one
     # plane, and the block's output is z. Each value is summed in the order of the ops replaced
     # (CONV2D_W8, CONV2D_ACC_W8, CLIP, MASK_PACK...), so y or z and the masks are theirs
     # (dw_stream.py, mt_pwdw_w8.c)
-    OpSpec("PWDW_W8", 73, _s("x w:I8 b? xg? wt:I8? m:out:U8 dw:I8 db? s:out y:out m2:out:U8? w2:I8? b2? z:out?"),
+    OpSpec("PWDW_W8", 73, _s("x w:I8? b? xg? wt:I8? wtf? m:out:U8 dw:I8 db? s:out y:out m2:out:U8? w2:I8? b2? "
+                             "z:out?"),
            CONV_ATTRS + ("lo_bits", "hi_bits", "lo2_bits", "hi2_bits")),
     # its backward, a channel at a time: from dy, the depthwise output's gradient (with w2: the
     # block output's, through w2 and the mask m2 into s2, the depthwise bias db taking its gradient),
     # the depthwise input gradient through the mask m into s, then from that plane the frozen
-    # part's input gradient dx, the trained part's dxg and weight gradient (sink wt, mt, acct) and
-    # the 1x1 bias's (sink b, mb, accb): no gradient of the block's inner tensors exists whole
+    # part's input gradient dx, the trained part's dxg and weight gradient (sink wt, mt, acct; wt
+    # int8 or float32) and the 1x1 bias's (sink b, mb, accb): no gradient of the block's inner
+    # tensors exists whole
     OpSpec("PWDW_W8_BWD", 74, _s("dy w2:I8? m2:U8? s2:out? db:param? mdb:state? accdb:state? dw:I8 m:U8 s:out "
-                                 "w:I8? dx:out? xg? wt:param:I8? mt:state? acct:state? dxg:out? "
+                                 "w:I8? dx:out? xg? wt:param? mt:state? acct:state? dxg:out? "
                                  "b:param? mb:state? accb:state?"), CONV_ATTRS),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,

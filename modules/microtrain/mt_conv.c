@@ -1370,3 +1370,8 @@ void mt_conv_bwd_input_plane_w8(const mt_conv_geom_t *g, const float *dy, const 
 void mt_conv_pw_grads(const float *d, const float *x, uint32_t n, uint32_t P, float *g) {
     pw_grads(d, x, n, P, g);
 }
+
+void mt_conv_forward_f32(const mt_conv_geom_t *g, const float *x, const float *w, const float *b, const float *acc,
+    float *y) {
+    conv_forward(g, conv_kind(g), x, w, b, acc, NULL, y);
+}

@@ -167,6 +167,9 @@ int mt_conv_w8_weight_ok(const mt_ctx_t *ctx, const mt_tensor_t *w, uint32_t *sc
 /* y = b + conv(x, W') or acc + conv(x, W'), W' = float32(w) * scales[o], as CONV2D_W8 */
 void mt_conv_forward_w8(const mt_conv_geom_t *g, const float *x, const int8_t *w, const float *scales,
     const float *b, const float *acc, float *y);
+/* the same on a float weight, as CONV2D (CONV2D_ACC with acc) */
+void mt_conv_forward_f32(const mt_conv_geom_t *g, const float *x, const float *w, const float *b, const float *acc,
+    float *y);
 /* one channel of a depthwise input gradient: dx = conv_bwd_input(dy, float32(w) * scale), g the
  * one-channel geometry, as CONV2D_BWD_INPUT_W8 */
 void mt_conv_bwd_input_plane_w8(const mt_conv_geom_t *g, const float *dy, const int8_t *w, float scale, float *dx);

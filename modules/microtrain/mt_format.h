@@ -853,22 +853,23 @@
 #define MT_CONV2D_PW_INPLACE_W8_A_DIL_W 7
 #define MT_CONV2D_PW_INPLACE_W8_A_GROUPS 8
 #define MT_OP_PWDW_W8 73
-#define MT_PWDW_W8_NSLOTS 14
+#define MT_PWDW_W8_NSLOTS 15
 #define MT_PWDW_W8_NATTRS 13
 #define MT_PWDW_W8_X 0
 #define MT_PWDW_W8_W 1
 #define MT_PWDW_W8_B 2
 #define MT_PWDW_W8_XG 3
 #define MT_PWDW_W8_WT 4
-#define MT_PWDW_W8_M 5
-#define MT_PWDW_W8_DW 6
-#define MT_PWDW_W8_DB 7
-#define MT_PWDW_W8_S 8
-#define MT_PWDW_W8_Y 9
-#define MT_PWDW_W8_M2 10
-#define MT_PWDW_W8_W2 11
-#define MT_PWDW_W8_B2 12
-#define MT_PWDW_W8_Z 13
+#define MT_PWDW_W8_WTF 5
+#define MT_PWDW_W8_M 6
+#define MT_PWDW_W8_DW 7
+#define MT_PWDW_W8_DB 8
+#define MT_PWDW_W8_S 9
+#define MT_PWDW_W8_Y 10
+#define MT_PWDW_W8_M2 11
+#define MT_PWDW_W8_W2 12
+#define MT_PWDW_W8_B2 13
+#define MT_PWDW_W8_Z 14
 #define MT_PWDW_W8_A_STRIDE_H 0
 #define MT_PWDW_W8_A_STRIDE_W 1
 #define MT_PWDW_W8_A_PAD_T 2
@@ -1081,8 +1082,8 @@
     {0, 0, {0}, {255, 255, 255, 255}}, \
     {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* SCATTER_ACC_CH */ \
     {16, 23, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV_DW_PW_Q8 */ \
-    {14, 13, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(0, 3, 1), MT_SLOT(1, 4, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 4, 1), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8 */ \
-    {20, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 4, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(0, 3, 0), MT_SLOT(0, 4, 0), MT_SLOT(1, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(1, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(2, 3, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8_BWD */ \
+    {15, 13, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 4, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 4, 1), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8 */ \
+    {20, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 4, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(0, 3, 0), MT_SLOT(0, 4, 0), MT_SLOT(1, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(1, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8_BWD */ \
 }
 
 /* error codes */

@@ -1,6 +1,7 @@
 /* microtrain core: an expansion block's float convolutions, a channel at a time.
  *
- *   PWDW_W8      e = clip(conv1x1(x, W') [+ conv1x1(xg, Wt')]), m its 1-bit mask,
+ *   PWDW_W8      e = clip(conv1x1(x, W') [+ conv1x1(xg, Wt')]) or clip(conv1x1(x, Wt)) (a weight
+ *                trained whole; Wt int8 codes x scales or float32), m its 1-bit mask,
  *                y = depthwise(e, D'); with W2: y2 = clip2(y), m2 its mask, z = conv1x1(y2, W2')
  *   PWDW_W8_BWD  [dy2 = m2 * conv1x1_bwd_input(dz, W2'), the depthwise bias's gradient]
  *                de = m * depthwise_bwd_input(dy, D'); dx = conv1x1_bwd_input(de, W'),
@@ -126,11 +127,22 @@ static void pw_scatter(float *into, const float *plane, const int8_t *w, uint32_
     }
 }
 
+/* the same with a float32 weight */
+static void pw_scatter_f32(float *into, const float *plane, const float *w, uint32_t n, uint32_t P) {
+    for (uint32_t k = 0; k < n; k++) {
+        const float wv = w[k];
+        float *d = into + (size_t)k * P;
+        for (uint32_t p = 0; p < P; p++) {
+            d[p] += wv * plane[p];
+        }
+    }
+}
+
 /* ---- PWDW_W8 ---- */
 
 typedef struct {
     mt_rec_t h;
-    uint32_t x, w, ws, b, xg, wt, wts, m, dw, dws, db, s, y, m2, w2, w2s, b2, z;
+    uint32_t x, w, ws, b, xg, wt, wts, wtf, m, dw, dws, db, s, y, m2, w2, w2s, b2, z;
     mt_conv_geom_t pw, pwt, dwg;  /* one channel each */
     uint32_t E, O2;
     float lo, hi, lo2, hi2;
@@ -138,9 +150,12 @@ typedef struct {
 
 static int pwdw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     const mt_tensor_t *t = op->t, *xg = &t[MT_PWDW_W8_XG], *w2 = &t[MT_PWDW_W8_W2];
+    const mt_tensor_t *wt = t[MT_PWDW_W8_WT].n != 0 ? &t[MT_PWDW_W8_WT] : &t[MT_PWDW_W8_WTF];
     const int32_t *a = op->a;
     mt_tensor_t e, y;
-    if (!expanded(&t[MT_PWDW_W8_X], &t[MT_PWDW_W8_W], &e)) {
+    /* the frozen weight, or a weight trained whole (over xg = x), makes e; at most one trained weight */
+    if ((t[MT_PWDW_W8_WT].n != 0 && t[MT_PWDW_W8_WTF].n != 0) || (t[MT_PWDW_W8_W].n == 0 && wt->n == 0)
+        || !expanded(&t[MT_PWDW_W8_X], t[MT_PWDW_W8_W].n != 0 ? &t[MT_PWDW_W8_W] : wt, &e)) {
         return MT_E_SHAPE;
     }
     const uint32_t E = e.dim[1];
@@ -148,9 +163,9 @@ static int pwdw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     const int ok = w2->n == 0 ? (y = t[MT_PWDW_W8_Y], 1) : with_channels(&t[MT_PWDW_W8_Z], E, &y);
     if (!ok || !(mt_f32_from_bits(a[MT_PWDW_W8_A_LO_BITS]) <= mt_f32_from_bits(a[MT_PWDW_W8_A_HI_BITS]))
         || (t[MT_PWDW_W8_B].n != 0 && t[MT_PWDW_W8_B].n != E) || (t[MT_PWDW_W8_DB].n != 0 && t[MT_PWDW_W8_DB].n != E)
-        || (xg->n == 0) != (t[MT_PWDW_W8_WT].n == 0) || t[MT_PWDW_W8_S].n != e.dim[2] * e.dim[3]
+        || (xg->n == 0) != (wt->n == 0) || t[MT_PWDW_W8_S].n != e.dim[2] * e.dim[3]
         || (xg->n != 0 && (!mt_is_nchw(xg) || xg->dim[2] != e.dim[2] || xg->dim[3] != e.dim[3]
-            || !pw_shape_ok(&t[MT_PWDW_W8_WT], xg, E)))
+            || !pw_shape_ok(wt, xg, E)))
         || !dw_shape_ok(a, &e, &t[MT_PWDW_W8_DW], &y, &t[MT_PWDW_W8_M])) {
         return MT_E_SHAPE;
     }
@@ -162,7 +177,7 @@ static int pwdw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
         return MT_E_SHAPE;
     }
     const mt_tensor_t *w8[] = {&t[MT_PWDW_W8_W], &t[MT_PWDW_W8_WT], &t[MT_PWDW_W8_DW], w2};
-    return scales_ok(ctx, w8, 4);
+    return scales_ok(ctx, w8, 4);   /* wtf is float32 */
 }
 
 static uint32_t pwdw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
@@ -170,7 +185,8 @@ static uint32_t pwdw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
     if (r != NULL) {
         const mt_tensor_t *t = op->t;
         mt_tensor_t e, y = t[MT_PWDW_W8_Y];
-        expanded(&t[MT_PWDW_W8_X], &t[MT_PWDW_W8_W], &e);
+        const mt_tensor_t *wt = t[MT_PWDW_W8_WT].n != 0 ? &t[MT_PWDW_W8_WT] : &t[MT_PWDW_W8_WTF];
+        expanded(&t[MT_PWDW_W8_X], t[MT_PWDW_W8_W].n != 0 ? &t[MT_PWDW_W8_W] : wt, &e);
         if (t[MT_PWDW_W8_W2].n != 0) {
             with_channels(&t[MT_PWDW_W8_Z], e.dim[1], &y);
         }
@@ -179,6 +195,7 @@ static uint32_t pwdw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
         r->b = t[MT_PWDW_W8_B].ref;
         r->xg = t[MT_PWDW_W8_XG].ref;
         r->wt = t[MT_PWDW_W8_WT].ref;
+        r->wtf = t[MT_PWDW_W8_WTF].ref;
         r->m = t[MT_PWDW_W8_M].ref;
         r->dw = t[MT_PWDW_W8_DW].ref;
         r->db = t[MT_PWDW_W8_DB].ref;
@@ -193,7 +210,7 @@ static uint32_t pwdw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
         r->dws = scales_of(ctx, &t[MT_PWDW_W8_DW]);
         r->w2s = scales_of(ctx, &t[MT_PWDW_W8_W2]);
         pw_geom(&t[MT_PWDW_W8_X], &r->pw);
-        if (t[MT_PWDW_W8_WT].n != 0) {
+        if (wt->n != 0) {
             pw_geom(&t[MT_PWDW_W8_XG], &r->pwt);
         }
         dw_geom(op->a, &e, &t[MT_PWDW_W8_DW], &y, &r->dwg);
@@ -214,10 +231,11 @@ static int pwdw_run(mt_ctx_t *ctx, const void *rec) {
     const float *w2s = MT_F32(ctx, r->w2s), *b2 = MT_F32(ctx, r->b2);
     const int8_t *w = (const int8_t *)mt_ptr(ctx, r->w), *wt = (const int8_t *)mt_ptr(ctx, r->wt);
     const int8_t *dw = (const int8_t *)mt_ptr(ctx, r->dw), *w2 = (const int8_t *)mt_ptr(ctx, r->w2);
+    const float *wtf = MT_F32(ctx, r->wtf);
     uint8_t *m = (uint8_t *)mt_ptr(ctx, r->m), *m2 = (uint8_t *)mt_ptr(ctx, r->m2);
     float *s = MT_F32(ctx, r->s), *y = MT_F32(ctx, r->y), *z = MT_F32(ctx, r->z);
     const uint32_t P = r->pw.H * r->pw.W, OP = r->dwg.OH * r->dwg.OW, C = r->pw.C, E = r->E;
-    const uint32_t K = wt != NULL ? r->pwt.C : 0, taps = (uint32_t)r->dwg.KH * r->dwg.KW;
+    const uint32_t K = wt != NULL || wtf != NULL ? r->pwt.C : 0, taps = (uint32_t)r->dwg.KH * r->dwg.KW;
     memset(m, 0, E * P / 8u + ((E * P) % 8u != 0u));
     if (w2 != NULL) {   /* z starts at its bias; each channel of y adds its terms */
         memset(m2, 0, E * OP / 8u + ((E * OP) % 8u != 0u));
@@ -229,9 +247,17 @@ static int pwdw_run(mt_ctx_t *ctx, const void *rec) {
         }
     }
     for (uint32_t c = 0; c < E; c++) {
-        mt_conv_forward_w8(&r->pw, x, w + (size_t)c * C, ws + c, b != NULL ? b + c : NULL, NULL, s);
+        /* the frozen part from its bias, then the trained part added (CONV2D_W8, CONV2D_ACC[_W8]); or
+         * the weight trained whole from the bias (CONV2D[_W8]) */
+        const float *bc = b != NULL ? b + c : NULL;
+        if (w != NULL) {
+            mt_conv_forward_w8(&r->pw, x, w + (size_t)c * C, ws + c, bc, NULL, s);
+        }
         if (wt != NULL) {
-            mt_conv_forward_w8(&r->pwt, xg, wt + (size_t)c * K, MT_F32(ctx, r->wts) + c, NULL, s, s);
+            mt_conv_forward_w8(&r->pwt, xg, wt + (size_t)c * K, MT_F32(ctx, r->wts) + c, w != NULL ? NULL : bc,
+                w != NULL ? s : NULL, s);
+        } else if (wtf != NULL) {
+            mt_conv_forward_f32(&r->pwt, xg, wtf + (size_t)c * K, w != NULL ? NULL : bc, w != NULL ? s : NULL, s);
         }
         for (uint32_t i = 0; i < P; i++) {
             s[i] = clip_bit(s[i], r->lo, r->hi, m, c * P + i);
@@ -258,6 +284,7 @@ typedef struct {
     mt_sink_rec_t sd, st, sb;     /* the depthwise bias's, the trained weight's, the 1x1 bias's (w MT_REF_NONE: none) */
     mt_conv_geom_t dwg;           /* one channel */
     uint32_t E, C, K, P, O2;
+    uint8_t wt_i8;                /* the trained weight: int8 codes (wts its scales) or float32 */
 } pwdw_bwd_rec_t;
 
 /* a parameter slot with its momentum and accumulator: all absent, or a sink of n elements */
@@ -305,7 +332,8 @@ static int pwdw_bwd_check(const mt_ctx_t *ctx, const mt_op_t *op) {
         || !sink_ok(ctx, &t[MT_PWDW_W8_BWD_DB], E)) {
         return MT_E_SHAPE;
     }
-    const mt_tensor_t *w8[] = {w2, &t[MT_PWDW_W8_BWD_DW], w, wt};
+    const mt_tensor_t none = {0};
+    const mt_tensor_t *w8[] = {w2, &t[MT_PWDW_W8_BWD_DW], w, wt->dtype == MT_DTYPE_I8 ? wt : &none};
     return scales_ok(ctx, w8, 4);
 }
 
@@ -329,7 +357,8 @@ static uint32_t pwdw_bwd_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *r
         r->w2s = scales_of(ctx, &t[MT_PWDW_W8_BWD_W2]);
         r->dws = scales_of(ctx, &t[MT_PWDW_W8_BWD_DW]);
         r->ws = scales_of(ctx, &t[MT_PWDW_W8_BWD_W]);
-        r->wts = scales_of(ctx, &t[MT_PWDW_W8_BWD_WT]);
+        r->wt_i8 = t[MT_PWDW_W8_BWD_WT].n != 0 && t[MT_PWDW_W8_BWD_WT].dtype == MT_DTYPE_I8;
+        r->wts = r->wt_i8 ? scales_of(ctx, &t[MT_PWDW_W8_BWD_WT]) : MT_REF_NONE;
         sink_of(ctx, &t[MT_PWDW_W8_BWD_DB], &r->sd);
         sink_of(ctx, &t[MT_PWDW_W8_BWD_WT], &r->st);
         sink_of(ctx, &t[MT_PWDW_W8_BWD_B], &r->sb);
@@ -390,8 +419,10 @@ static int pwdw_bwd_run(mt_ctx_t *ctx, const void *rec) {
             pw_scatter(dx, s, w + (size_t)c * C, 1, NULL, MT_F32(ctx, r->ws)[c], C, P);
         }
         if (wt != NULL) {
-            if (dxg != NULL) {   /* reads row c before its update */
+            if (dxg != NULL && r->wt_i8) {   /* reads row c before its update */
                 pw_scatter(dxg, s, wt + (size_t)c * K, 1, NULL, MT_F32(ctx, r->wts)[c], K, P);
+            } else if (dxg != NULL) {
+                pw_scatter_f32(dxg, s, (const float *)(const void *)wt + (size_t)c * K, K, P);
             }
             float grad[16];
             for (uint32_t k = 0; k < K; k += 16) {
