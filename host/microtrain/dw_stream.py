@@ -133,7 +133,8 @@ def _find(tensors, ops):
         # the 1x1 weight frozen int8 (then maybe a split weight's trained part added: acc), or trained
         # whole (int8 or float32)
         if (pw is None or pw.name not in ("CONV2D_W8", "CONV2D") or pw.attrs != PW_ATTRS
-                or not _expansion_weight_ok(tensors[_slot(pw, "w")], pw.name, acc) or _slot(pw, "y") != (_slot(acc, "acc") if acc else _slot(cm[0], "x"))
+                or not _expansion_weight_ok(tensors[_slot(pw, "w")], pw.name, acc)
+                or _slot(pw, "y") != (_slot(acc, "acc") if acc else _slot(cm[0], "x"))
                 or (acc is not None and (acc.attrs != PW_ATTRS
                                          or not _trained(tensors[_slot(acc, "w")], acc.name == "CONV2D_ACC")))):
             continue
@@ -197,7 +198,7 @@ def _find_backward(tensors, ops, blk):
             "BIAS_BWD": ("bias", lambda q: _slot(pw, "b") is not None and _slot(q, "w") == _slot(pw, "b")),
         }
         # the readers of that gradient; other ops between them (a residual's gradient ADD) run after the
-        # fused op when they touch nothing the readers after them touch
+        # fused op when they read nothing the readers after them write and write nothing those touch
         inner |= {g1, g2}
         family = {i for i in range(len(tensors)) if i in inner or tensors[i].view_of in inner}
         last = max(_users(ops, family))
@@ -214,7 +215,8 @@ def _find_backward(tensors, ops, blk):
         for k in between:
             later = [ops[i] for i in roles.values() if i > k]
             if (_touches(tensors, [ops[k]], "in") & _touches(tensors, later, "out")
-                    or _touches(tensors, [ops[k]], "out") & _touches(tensors, later, "in")):
+                    or _touches(tensors, [ops[k]], "out") & (_touches(tensors, later, "in")
+                                                             | _touches(tensors, later, "out"))):
                 return None
         if "weight" in roles:
             w = tensors[_slot(ops[roles["weight"]], "w")]
