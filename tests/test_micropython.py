@@ -491,18 +491,33 @@ def data_train_w8():
     w8.py): the first conv and the depthwise conv (in place) train their biases only, the 1x1
     expansion some input channels (its frozen part W@frozen int8), the head; the gradient goes
     back through every W8 form (CONV2D_W8, CONV2D_DW_INPLACE_W8, CONV2D_BWD_INPUT_DW_INPLACE_W8,
-    CONV2D_BWD_INPUT_W8)."""
-    scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (0, 1, 2, 3)],
-              "weight_updates": [{"conv_index": 1, "channel_axis": 1, "selected_channels": [0, 2, 3, 7]}]}
+    CONV2D_BWD_INPUT_W8; saved="int8" keeps the block from being streamed, train_pwdw below)."""
     rng = np.random.default_rng(9)
-    plan = sparse_block_plan(scheme, saved="bits", frozen_weights="int8")
+    plan = sparse_block_plan(W8_SCHEME, saved="int8", frozen_weights="int8")
     assert {"CONV2D_W8", "CONV2D_DW_INPLACE_W8", "CONV2D_BWD_INPUT_DW_INPLACE_W8", "CONV2D_BWD_INPUT_W8"} \
         <= {o["op"] for o in plan.ops} and len(plan.meta["w8"]) == 4
     x = (rng.normal(size=(4, 3, 6, 6)) * 3).astype(np.float32)
     return trained_on_host(plan, x, rng.integers(0, 4, 4))
 
 
+W8_SCHEME = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (0, 1, 2, 3)],
+             "weight_updates": [{"conv_index": 1, "channel_axis": 1, "selected_channels": [0, 2, 3, 7]}]}
 DATA["train_w8"] = data_train_w8
+
+
+def data_train_pwdw(trained_weights="float32"):
+    """The same with the ReLU6 outputs kept as 1-bit masks: the block runs a channel at a time
+    (dw_stream.py: PWDW_W8 and PWDW_W8_BWD), its trained slice float32 (train_pwdw) or int8
+    (train_pwdw_q8)."""
+    rng = np.random.default_rng(9)
+    plan = sparse_block_plan(W8_SCHEME, saved="bits", frozen_weights="int8", trained_weights=trained_weights)
+    assert {"PWDW_W8", "PWDW_W8_BWD"} <= {o["op"] for o in plan.ops}
+    x = (rng.normal(size=(4, 3, 6, 6)) * 3).astype(np.float32)
+    return trained_on_host(plan, x, rng.integers(0, 4, 4))
+
+
+DATA["train_pwdw"] = data_train_pwdw
+DATA["train_pwdw_q8"] = lambda: data_train_pwdw("int8")
 
 
 def data_train_q8_state():
