@@ -30,10 +30,10 @@ from microtrain.native import Core, PlanError
 from microtrain.peak import alive_at_peak
 from oracle_models import export
 from test_pwdw_q8 import _patched
-from test_q8_state import TIE, bshape, codes, slice_grad
+from test_q8_state import LR, check_step, codes, slice_grad
 from test_sparse import onnx_names
 
-LR, RTOL, STEPS = 0.05, 1e-4, 20
+STEPS = 20
 INT8 = dict(saved="bits", frozen_weights="int8", trained_weights="int8")
 WEIGHTS = {"int8": INT8, "float32": dict(INT8, trained_weights="float32")}
 
@@ -171,20 +171,8 @@ def test_fused_block_matches_pytorch_step_by_step(files, scheme, block, exporter
         sim.step(x, y)
         after = sim.params()
         for name in before:
-            grad = slice_grad(plan, name, g)
-            if name not in q8:   # a float32 parameter: PyTorch's SGD step
-                want = before[name].astype(np.float64) - LR * grad
-                assert np.abs(after[name] - want).max() <= RTOL * max(np.abs(want).max(), 1e-6), name
-                continue
-            s = bshape(plan.tensors[plan.tensor_index(name)]["quant"], grad.ndim)
-            xq = (before_codes[name].astype(np.float32) * s - np.float32(LR) * grad.astype(np.float32)) / s
-            want = np.clip(np.rint(xq), -127, 127).astype(np.int8)
-            got = codes(sim, name)
-            tie = np.abs(np.abs(xq - np.floor(xq)) - 0.5) < TIE
-            assert np.array_equal(got[~tie], want[~tie]), "%s: codes differ from PyTorch's step" % name
-            assert np.all(np.abs(got.astype(int) - want.astype(int)) <= 1), name
-            ties += int(tie.sum())
-            checked += got.size
+            t, c = check_step(plan, sim, name, q8, before, before_codes, after, slice_grad(plan, name, g))
+            ties, checked = ties + t, checked + c
     assert ties <= checked // 200, "%d of %d codes near a tie" % (ties, checked)
     for name in q8:
         assert not np.array_equal(codes(sim, name), start[name]), "%s did not train" % name

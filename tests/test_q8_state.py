@@ -80,6 +80,26 @@ def slice_grad(plan, name, grads_onnx):
     return grads_onnx[name]
 
 
+def check_step(plan, sim, name, q8, before, before_codes, after, grad):
+    """Parameter `name` after one step is PyTorch's step from `before` with gradient `grad`: a
+    float32 one within RTOL, an int8 one's codes by the rounding rule (module docstring), except
+    near a tie; returns (codes near a tie, codes checked)."""
+    if name not in q8:   # a float32 parameter: PyTorch's SGD step
+        want = before[name].astype(np.float64) - LR * grad
+        assert np.abs(after[name] - want).max() <= RTOL * max(np.abs(want).max(), 1e-6), name
+        return 0, 0
+    s = bshape(plan.tensors[plan.tensor_index(name)]["quant"], grad.ndim)
+    wf = before_codes[name].astype(np.float32) * s
+    assert np.array_equal(wf, before[name]), "%s: params() is not code x scale" % name
+    xq = (wf - np.float32(LR) * grad.astype(np.float32)) / s
+    want = np.clip(np.rint(xq), -127, 127).astype(np.int8)
+    got = codes(sim, name)
+    tie = np.abs(np.abs(xq - np.floor(xq)) - 0.5) < TIE
+    assert np.array_equal(got[~tie], want[~tie]), "%s: codes differ from PyTorch's step" % name
+    assert np.all(np.abs(got.astype(int) - want.astype(int)) <= 1), name
+    return int(tie.sum()), got.size
+
+
 @pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
 def test_int8_weights_match_pytorch_step_by_step(paths, exporter):
     module, p = paths
@@ -107,23 +127,8 @@ def test_int8_weights_match_pytorch_step_by_step(paths, exporter):
         sim.step(x, y)
         after = sim.params()
         for name in before:
-            grad = slice_grad(plan, name, g)
-            if name not in q8:   # a float32 bias: PyTorch's SGD step
-                want = before[name].astype(np.float64) - LR * grad
-                assert np.abs(after[name] - want).max() <= RTOL * max(np.abs(want).max(), 1e-6), name
-                continue
-            q = plan.tensors[plan.tensor_index(name)]["quant"]
-            s = bshape(q, grad.ndim)
-            wf = before_codes[name].astype(np.float32) * s
-            assert np.array_equal(wf, before[name]), "%s: params() is not code x scale" % name
-            xq = (wf - np.float32(LR) * grad.astype(np.float32)) / s
-            want = np.clip(np.rint(xq), -127, 127).astype(np.int8)
-            got = codes(sim, name)
-            tie = np.abs(np.abs(xq - np.floor(xq)) - 0.5) < TIE
-            assert np.array_equal(got[~tie], want[~tie]), "%s: codes differ from PyTorch's step" % name
-            assert np.all(np.abs(got.astype(int) - want.astype(int)) <= 1), name
-            ties += int(tie.sum())
-            checked += got.size
+            t, c = check_step(plan, sim, name, q8, before, before_codes, after, slice_grad(plan, name, g))
+            ties, checked = ties + t, checked + c
     print("%s: %d of %d codes checked were near a tie" % (exporter, ties, checked))
     assert ties <= checked // 200, "%d of %d codes near a tie" % (ties, checked)
     # the depthwise conv trains channels 1, 2, 3, 9, 10 (its slice); the others keep their values
