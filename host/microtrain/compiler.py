@@ -42,6 +42,7 @@ def optimizer_state(tensors, ops):
         for i, p in enumerate(slots):
             # a parameter slot is followed by its momentum and accumulator (format.SINK)
             if p.role == "param" and o.slots[i] is not None:
+                assert [q.role for q in slots[i + 1:i + 3]] == ["state", "state"], o.name
                 _add_state(out, tensors[o.slots[i]].name, o.slots[i + 1], o.slots[i + 2])
     return out
 
@@ -216,12 +217,13 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
             graph.notes.append("w8: %d frozen conv weights of float layers stored int8 with per-output-channel scales "
                                "(%d B), their layers computing in float on the dequantized weights"
                                % (len(w8), sum(t.nbytes for t in tensors if t.name in set(w8))))
-    if planner != "naive" and (frozen_weights == "int8" or not trainable):
-        # an expansion block's 1x1 output and its gradient a plane at a time (dw_stream.py)
+    if planner != "naive":
+        # the inverted-residual blocks the gradient passes through a channel at a time (dw_stream.py;
+        # their frozen weights int8)
         ops, streamed = stream_blocks(tensors, ops)
         if streamed:
-            graph.notes.append("dw_stream: %d expansion blocks streamed channel by channel into their depthwise "
-                               "convs (%s)" % (len(streamed), ", ".join(streamed)))
+            graph.notes.append("dw_stream: %d inverted-residual blocks run a channel at a time, forward and "
+                               "backward (their depthwise convs: %s)" % (len(streamed), ", ".join(streamed)))
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
         raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
                          "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")

@@ -1,4 +1,4 @@
-"""Stream an expansion block's convolutions a channel at a time (PWDW_W8, PWDW_W8_BWD).
+"""Run an inverted-residual block a channel at a time (PWDW_W8, PWDW_W8_BWD).
 
 In a sparse update of an MCU network the largest float tensors are the expansion 1x1 convs'
 outputs and the depthwise convs' outputs of the blocks the gradient passes through, and their
@@ -7,18 +7,20 @@ Channel c of the 1x1 output is made by row c of its weight and read by channel c
 depthwise conv alone, whose output channel c is input channel c of the next 1x1 conv: each
 exists one plane at a time.
 
-  forward   CONV2D_W8 [CONV2D_ACC_W8] CLIP MASK_PACK depthwise-CONV2D_W8
-            [CLIP MASK_PACK CONV2D_W8]                                      -> PWDW_W8
+  forward   the expansion CONV2D_W8 (frozen, or trained whole; CONV2D if float32) [CONV2D_ACC_W8
+            or CONV2D_ACC: a split weight's trained part] CLIP MASK_PACK depthwise-CONV2D_W8
+            [CLIP MASK_PACK projection-CONV2D_W8]                                  -> PWDW_W8
   backward  [CONV2D_BWD_INPUT_W8 MASK_BWD [BIAS_BWD]] depthwise-CONV2D_BWD_INPUT_W8 MASK_BWD,
             then what reads that gradient: CONV2D_BWD_INPUT_W8 (the frozen weight),
-            CONV2D_BWD_INPUT_Q8 and CONV2D_BWD_WEIGHT (the trained input channels of a split
-            weight, split.py), BIAS_BWD                                      -> PWDW_W8_BWD
-(the in-place forms of the depthwise convs and of the second 1x1 conv too). Run on the training
-ops after w8.py and q8state.py (every weight int8), for planners that share memory (the naive
-planner keeps every tensor to read). A block is fused only where its inner tensors and their
-gradients have no other reader, the depthwise weight is frozen and the ops are consecutive, so
-nothing another op reads moves. The fused kernels sum every value in the order of the ops they
-replace (mt_pwdw_w8.c): the results are theirs bit for bit.
+            CONV2D_BWD_INPUT_Q8 or CONV2D_BWD_INPUT and CONV2D_BWD_WEIGHT (the trained weight),
+            BIAS_BWD                                                               -> PWDW_W8_BWD
+(the in-place forms of the depthwise convs and of the projection too). Run on the training ops
+after w8.py (the frozen weights int8) and q8state.py (trained weights int8 or float32), for
+planners that share memory (the naive planner keeps every tensor to read). A block is fused
+only where its inner tensors and their gradients have no other reader, the depthwise weight is
+frozen, and the ops are consecutive (an op between the backward ones that touches nothing they
+touch runs after the fused op), so nothing another op reads moves. The fused kernels sum every
+value in the order of the ops they replace (mt_pwdw_w8.c): the results are theirs bit for bit.
 """
 from __future__ import annotations
 
