@@ -785,11 +785,10 @@ static void conv_pw(const conv_pw_rec_t *r, mt_ctx_t *ctx, const float *w, const
             float acc = b != NULL ? b[o] : 0.0f;
             for (uint32_t c0 = 0; c0 < r->C; c0 += chunk) {
                 const uint32_t nc = r->C - c0 < chunk ? r->C - c0 : chunk;
-                const float *wo = w + (size_t)o * r->C + c0;
                 if (wq != NULL) {
                     w8_filters(wq + (size_t)o * r->C + c0, scales, o, nc, 1, buf);
-                    wo = buf;
                 }
+                const float *wo = wq != NULL ? buf : w + (size_t)o * r->C + c0;   /* w is NULL with wq */
                 for (uint32_t c = 0; c < nc; c++) {
                     acc += wo[c] * s[c0 + c];
                 }
