@@ -168,6 +168,34 @@ def int8_block(seed=9):
                           "fc.weight": w(2, 3), "fc.bias": w(2)}, [1, 2, 5, 7], [1, 2], "int8_block")
 
 
+def int8_two_blocks(seed=11):
+    """A stem (3x3 stride-2 conv-ReLU6, depthwise 3x3-ReLU6, 1x1 projection) and an inverted
+    residual (1x1 expansion-ReLU6, depthwise 3x3-ReLU6, 1x1 projection to 2 channels), global
+    average pooling, Gemm: int8 with uint8 input, the stem's block piped into the next
+    (CONV_DW_PW_Q8_TO_PIPE, _FROM_PIPE)."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "s.weight", "s.bias"], ["a"], pads=[1, 1, 1, 1], strides=[2, 2], name="stem"),
+             n("Clip", ["a", "lo", "hi"], ["a6"], name="r1"),
+             n("Conv", ["a6", "dw0.weight", "dw0.bias"], ["b"], pads=[1, 1, 1, 1], group=8, name="dw0"),
+             n("Clip", ["b", "lo", "hi"], ["b6"], name="r2"),
+             n("Conv", ["b6", "p0.weight", "p0.bias"], ["c"], name="p0"),
+             n("Conv", ["c", "e.weight", "e.bias"], ["d"], name="e"),
+             n("Clip", ["d", "lo", "hi"], ["d6"], name="r3"),
+             n("Conv", ["d6", "dw1.weight", "dw1.bias"], ["f"], pads=[1, 1, 1, 1], group=6, name="dw1"),
+             n("Clip", ["f", "lo", "hi"], ["f6"], name="r4"),
+             n("Conv", ["f6", "p1.weight", "p1.bias"], ["g"], name="p1"),
+             n("GlobalAveragePool", ["g"], ["h"], name="gap"),
+             n("Flatten", ["h"], ["k"], name="flat"),
+             n("Gemm", ["k", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
+    return _model(nodes, {"s.weight": w(8, 3, 3, 3), "s.bias": w(8), "dw0.weight": w(8, 1, 3, 3), "dw0.bias": w(8),
+                          "p0.weight": w(8, 8, 1, 1), "p0.bias": w(8), "e.weight": w(6, 8, 1, 1), "e.bias": w(6),
+                          "dw1.weight": w(6, 1, 3, 3), "dw1.bias": w(6), "p1.weight": w(2, 6, 1, 1), "p1.bias": w(2),
+                          "lo": np.float32(0), "hi": np.float32(6), "fc.weight": w(2, 2), "fc.bias": w(2)},
+                  [1, 3, 24, 16], [1, 2], "int8_two_blocks")
+
+
 def masked(seed=9):
     """conv (trains) -> Relu -> 1x1 conv (frozen) -> Clip(0, 6) -> 3x3 conv (frozen): with saved="bits" each
     activation's backward reads a 1-bit mask (MASK_PACK, MASK_BWD); 5 channels of 3x3, 45 bits, so the
@@ -202,6 +230,9 @@ def int8_seeds(c):
                                  calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
         "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8", int8_fuse="pwdw",
                                      calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
+        "int8_piped_blocks": c(int8_two_blocks(), update="last-layer", lr=0.05, quantize="int8", input_dtype="uint8",
+                               input_quant=(1 / 255, 0),
+                               calibration=np.random.default_rng(3).uniform(0, 1, (16, 3, 24, 16)).astype("f4")),
         # unfused, the int8 depthwise conv runs over its input (CONV2D_Q8_DW_INPLACE)
         "int8_depthwise_in_place": c(mbconv(), update="last-layer", lr=0.05, quantize="int8", int8_fuse=False,
                                      calibration=np.random.default_rng(2).normal(0, 1, (16, 2, 6, 6)).astype("f4")),

@@ -11,7 +11,7 @@ from .memory import assign_memory
 from .plan import Plan, write_plan
 from .q8state import TRAINED_WEIGHTS, store_int8
 from .split import split_partial_weights
-from .training import build_training, check_gradient_paths, macs_total
+from .training import build_training, check_gradient_paths, drop_unused, macs_total
 from .update import resolve_update
 
 LOSSES = ("cross-entropy", "mse")
@@ -227,6 +227,7 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
         raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
                          "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")
+    drop_unused(tensors, ops)
     out = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["OUTPUT"])
     inp = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["INPUT"])
     tgt = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["TARGET"])

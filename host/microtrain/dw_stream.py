@@ -43,8 +43,6 @@ def stream_blocks(tensors, ops):
             break
         ops = _fuse(tensors, ops, *found)
         fused.append(found[0]["dw"].source)
-    if fused:
-        _drop_unused(tensors, ops)
     return ops, fused
 
 
@@ -301,21 +299,3 @@ def _fuse(tensors, ops, blk, roles):
         elif i not in fwd and i not in bwd:
             out.append(o)
     return out
-
-
-def _drop_unused(tensors, ops):
-    """Remove the tensors no op touches any more (the blocks' inner tensors and gradients),
-    renumbering the ops' slots and the views, so that the plan neither places nor lists them."""
-    used = {t for o in ops for t in o.slots if t is not None}
-    used |= {i for i, t in enumerate(tensors) if t.flags & (F.TFLAGS["INPUT"] | F.TFLAGS["OUTPUT"] | F.TFLAGS["TARGET"])}
-    for i in sorted(used):   # the memory a used view lives in
-        while tensors[i].view_of is not None:
-            i = tensors[i].view_of
-            used.add(i)
-    new = {i: n for n, i in enumerate(sorted(used))}
-    kept = [tensors[i] for i in sorted(used)]
-    for t in kept:
-        t.view_of = new[t.view_of] if t.view_of is not None else None
-    tensors[:] = kept
-    for o in ops:
-        o.slots = [new[t] if t is not None else None for t in o.slots]

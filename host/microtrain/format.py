@@ -290,6 +290,20 @@ OPS = (
     OpSpec("CONV_DW_PW_Q8", 72, _s("x:I8 w0:I8 b0:I32? mult0:I32 shift0:I32 w1:I8 b1:I32? mult1:I32 shift1:I32 "
                                    "w:I8 b:I32? mult:I32 shift:I32 ring:out:I8 row:out:I8 y:out:I8"),
            CONV_ATTRS + DW_ATTRS + ("act_min0", "act_max0", "act_min1", "act_max1") + Q8_CLAMP),
+    # two CONV_DW_PW_Q8 in a row, the second reading the first's output alone, as a pipe: the
+    # first's output y exists only as `pipe`, its last rows (rows x O x OW, y's quantization; out_h
+    # the rows of y), as many as one window of the second's first conv spans ((KH-1)*dil_h+1); the
+    # first op does nothing when it runs, the second (its x the pipe, in_h = out_h) runs the first
+    # a row at a time as its first conv needs the rows: the stem's output, the largest int8
+    # tensor of an MCU network, is never stored (the integers of the two ops; docs/quantization.md)
+    OpSpec("CONV_DW_PW_Q8_TO_PIPE", 70, _s("x:I8 w0:I8 b0:I32? mult0:I32 shift0:I32 w1:I8 b1:I32? mult1:I32 "
+                                           "shift1:I32 w:I8 b:I32? mult:I32 shift:I32 ring:out:I8 row:out:I8 "
+                                           "y:out:I8"),
+           CONV_ATTRS + DW_ATTRS + ("act_min0", "act_max0", "act_min1", "act_max1") + Q8_CLAMP + ("out_h",)),
+    OpSpec("CONV_DW_PW_Q8_FROM_PIPE", 75, _s("x:I8 w0:I8 b0:I32? mult0:I32 shift0:I32 w1:I8 b1:I32? mult1:I32 "
+                                             "shift1:I32 w:I8 b:I32? mult:I32 shift:I32 ring:out:I8 row:out:I8 "
+                                             "y:out:I8"),
+           CONV_ATTRS + DW_ATTRS + ("act_min0", "act_max0", "act_min1", "act_max1") + Q8_CLAMP + ("in_h",)),
     # float activations with a frozen int8 weight (compile(frozen_weights="int8"), w8.py): the
     # weight's quantization record gives one scale per output channel (axis 0, zero points 0), and
     # each runs as the float op above on W' = float32(q) * scale[o], bit for bit. Filters of at most

@@ -27,9 +27,26 @@ def _roots(tensors):
     return [root(i) for i in range(len(tensors))]
 
 
+# an op that runs the op before it (mt_cdp_q8.c: the reader of a pipe runs its writer): the
+# writer's tensors live through it
+RUNS_THE_OP_BEFORE = ("CONV_DW_PW_Q8_FROM_PIPE",)
+
+
+def op_slots(ops, name=lambda o: o.name, slots=lambda o: o.slots):
+    """Each op's tensor slots for lifetimes, a pipe reader's with its writer's."""
+    out = []
+    for k, o in enumerate(ops):
+        s = list(slots(o))
+        if name(o) in RUNS_THE_OP_BEFORE and k > 0:
+            s += list(slots(ops[k - 1]))
+        out.append(s)
+    return out
+
+
 def lifetimes(n_tensors, ops, input_ids=()):
     """(first, last) op index per tensor; -1 where no op touches it. Tensors in
-    input_ids are written before op 0."""
+    input_ids are written before op 0. ops: slot lists (op_slots(), which keeps a pipe writer's
+    tensors alive through its reader)."""
     first, last = [-1] * n_tensors, [-1] * n_tensors
     for k, op in enumerate(ops):
         for s in op:
@@ -47,7 +64,7 @@ def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
     quantization records (per-channel scales in the data section).
     Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs, data_bytes, quant_records)."""
     roots = _roots(tensors)
-    first, last = lifetimes(len(tensors), [o.slots for o in ops], io)
+    first, last = lifetimes(len(tensors), op_slots(ops), io)
     group = {}
     for i, r in enumerate(roots):
         if tensors[r].storage == "ARENA":

@@ -6,7 +6,7 @@ view or an op run in place counted once, in its owner's memory), swept op by op.
 from __future__ import annotations
 
 from . import format as F
-from .memory import lifetimes
+from .memory import lifetimes, op_slots
 
 
 def alive_at_peak(plan):
@@ -14,7 +14,8 @@ def alive_at_peak(plan):
     "tensors": [(name, bytes, dtype, first op, last op), ...] largest first} at the first op
     where the live arena bytes are largest."""
     hd = plan.header
-    first, last = lifetimes(len(plan.tensors), [o["slots"] for o in plan.ops], [hd["input_tensor"], hd["target_tensor"]])
+    first, last = lifetimes(len(plan.tensors), op_slots(plan.ops, lambda o: o["op"], lambda o: o["slots"]),
+                            [hd["input_tensor"], hd["target_tensor"]])
     owner = plan.memory_owners()
     spans = {}
     for i, t in enumerate(plan.tensors):

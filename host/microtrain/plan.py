@@ -15,7 +15,7 @@ import numpy as np
 
 from . import format as F
 from . import planner
-from .memory import lifetimes
+from .memory import lifetimes, op_slots
 from .ir import NP_DTYPES
 from .native import Core, PlanError
 
@@ -201,7 +201,7 @@ class Plan:
     def report(self):
         hd = self.header
         inputs = [hd["input_tensor"], hd["target_tensor"]]
-        first, last = lifetimes(len(self.tensors), [o["slots"] for o in self.ops], inputs)
+        first, last = lifetimes(len(self.tensors), op_slots(self.ops, lambda o: o["op"], lambda o: o["slots"]), inputs)
         owner = self.memory_owners()
         # a lower bound: the largest set of distinct arena buffers live at one op
         spans = {}

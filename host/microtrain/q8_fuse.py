@@ -8,12 +8,18 @@
 - Otherwise a 1x1 int8 conv whose only reader is a depthwise int8 conv becomes one PWDW_Q8 node
   (modules/microtrain/mt_pwdw_q8.c): the expanded tensor, the largest of an MCU network's first
   blocks, lives as its ring of rows only.
+- Two CONV_DW_PW_Q8 nodes in a row, the second reading the first's output alone, become a pipe
+  (pipe_pairs): the first's output lives as the rows one window of the second's first conv
+  spans, and the second runs the first a row at a time (CONV_DW_PW_Q8_TO_PIPE and _FROM_PIPE):
+  an MCU network's stem output, the largest int8 tensor it has, is never stored.
 The integers are those of the separate convs.
 
 Only where no gradient passes: the streamed tensors would be saved for a backward otherwise
 (CLIP_BWD_Q8 reads them), so a block downstream of a trainable layer stays separate ops.
 """
 from __future__ import annotations
+
+import numpy as np
 
 POINTWISE = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=1)
 
@@ -106,3 +112,39 @@ def fuse_pwdw(nodes, values, trainable, keep=(), three=True):
         else:
             out.append(n)
     return out
+
+
+def _scratch_bytes(n):
+    """The bytes of a qcdp node's ring and row."""
+    return sum(int(np.prod(n.attrs[k][1])) for k in ("ring", "row"))
+
+
+def pipe_pairs(nodes, values, keep=()):
+    """Mark each pair of consecutive qcdp nodes whose first output is read by the second alone (not
+    in `keep`, no view of it) as a pipe where that lowers the larger of the two ops' live bytes: attrs pipe_out = (name, (rows, C, W), quant) on the first,
+    pipe_in = its rows H on the second. Pairs do not overlap (a node is a pipe's writer or its
+    reader); nodes is changed in place."""
+    readers = {}
+    for n in nodes:
+        for i in n.inputs:
+            if i:
+                readers.setdefault(i, []).append(n)
+    viewed = {v.view_of for v in values.values() if v.view_of is not None}
+    k = 0
+    while k + 1 < len(nodes):
+        a, b = nodes[k], nodes[k + 1]
+        v = values.get(a.output)
+        if (a.op == "qcdp" and b.op == "qcdp" and "pipe_in" not in a.attrs and b.inputs[0] == a.output
+                and readers.get(a.output) == [b] and a.output not in viewed and a.output not in keep):
+            rows = (values[b.inputs[1]].data.shape[2] - 1) * b.attrs["dil_h"] + 1
+            # a's input and scratch then live until b has run, beside b's output and scratch: only where
+            # that is less than a's output beside a's input or beside b's output (int8 bytes)
+            x, mid, y = (values[v_].size for v_ in (a.inputs[0], a.output, b.output))
+            sa, sb = _scratch_bytes(a), _scratch_bytes(b)
+            if rows < v.shape[2] and x + sa + sb + y + rows * v.shape[1] * v.shape[3] < max(x + sa, y + sb) + mid:
+                a.attrs = dict(a.attrs, pipe_out=(a.output + "/pipe", (rows, v.shape[1], v.shape[3]), v.quant))
+                b.attrs = dict(b.attrs, pipe_in=v.shape[2])
+                k += 2
+                continue
+        k += 1
+    return nodes

@@ -62,7 +62,16 @@ def qcdp(b, n, ins, y):
     w, ys = b.tensors[ins[9]], b.tensors[y].shape
     macs = n.attrs["macs"] + ys[1] * ys[2] * ys[3] * int(np.prod(w.shape[1:]))
     spec = F.OPS_BY_NAME["CONV_DW_PW_Q8"]
-    return b.op("CONV_DW_PW_Q8", "FORWARD", ins + scratch + [y], [n.attrs[k] for k in spec.attrs], n.onnx_name, macs)
+    attrs = [n.attrs[k] for k in spec.attrs]
+    name = "CONV_DW_PW_Q8"
+    if n.attrs.get("pipe_in"):   # x exists as the pipe the op before writes (q8_fuse.pipe_pairs)
+        ins = [b.pipes.pop(n.inputs[0])] + ins[1:]
+        name, attrs = "CONV_DW_PW_Q8_FROM_PIPE", attrs + [n.attrs["pipe_in"]]
+    if n.attrs.get("pipe_out"):   # y exists as a pipe of its last rows, which the next op reads
+        pname, shape, q = n.attrs["pipe_out"]
+        b.pipes[n.output] = b.tensor(TTensor(pname, shape, dtype="I8", quant=q))
+        name, attrs, y = "CONV_DW_PW_Q8_TO_PIPE", attrs + [ys[2]], b.pipes[n.output]
+    return b.op(name, "FORWARD", ins + scratch + [y], attrs, n.onnx_name, macs)
 
 
 def qgemm(b, n, ins, y):

@@ -339,6 +339,9 @@ def lower(graph, trainable, input_dtype="F32", scope="prefix", fuse=True):
     if fuse:
         from .q8_fuse import fuse_pwdw
         low.nodes = fuse_pwdw(low.nodes, low.values, trainable, keep=(inp, out), three=fuse is True)
+        if fuse is True:
+            from .q8_fuse import pipe_pairs
+            pipe_pairs(low.nodes, low.values, keep=(inp, out))
     n_int8 = sum(1 for n in low.nodes if n.op.startswith("q") and n.op != "quantize")
     notes.append("int8: %d op%s run in int8 (%s)" % (n_int8, "" if n_int8 == 1 else "s",
                                                      graph.quant_source or "quantized"))
@@ -349,6 +352,10 @@ def lower(graph, trainable, input_dtype="F32", scope="prefix", fuse=True):
     if n2:
         notes.append("int8: %d of them (PWDW_Q8) a 1x1 conv streamed into the depthwise conv after it: the "
                      "expanded tensor is never stored" % n2)
+    n_pipes = sum(1 for n in low.nodes if n.attrs.get("pipe_out"))
+    if n_pipes:
+        notes.append("int8: %d pair%s of them piped (CONV_DW_PW_Q8_TO_PIPE/_FROM_PIPE): the first's output is "
+                     "made a row at a time as the second needs it, never stored" % (n_pipes, "" if n_pipes == 1 else "s"))
     new = Graph(low.values, low.nodes, inp, out, notes, graph.dropped_output_op, dict(graph.origins),
                 graph.fingerprint)
     new.quant, new.wquant, new.quant_source = graph.quant, graph.wquant, graph.quant_source

@@ -21,7 +21,7 @@ import numpy as np
 from . import format as F
 from . import q8_rules
 from .ir import Graph, Quant
-from .memory import lifetimes
+from .memory import lifetimes, op_slots
 
 
 @dataclass
@@ -81,6 +81,7 @@ class Builder:
         self.grad = {}              # value name -> tensor index of its gradient
         self.opt = {}               # parameter name -> (momentum index, accumulator index)
         self.fwd = {}               # node output -> its forward op
+        self.pipes = {}             # int8 value -> the pipe of rows standing for it (q8_rules.qcdp)
 
     def tensor(self, t):
         self.tensors.append(t)
@@ -278,7 +279,7 @@ class Builder:
         """The peak of live arena bytes if the ops in place were chosen with these 1x1 convs."""
         views, ops, n = [t.view_of for t in self.tensors], [(o.name, list(o.slots)) for o in self.ops], len(self.tensors)
         self.in_place(pointwise)
-        first, last = lifetimes(len(self.tensors), [o.slots for o in self.ops])
+        first, last = lifetimes(len(self.tensors), op_slots(self.ops))
         live = [0] * len(self.ops)
         spans = {}
         for i, t in enumerate(self.tensors):
@@ -685,6 +686,25 @@ RULES.update((op, Q8Rule(op)) for op in q8_rules.FORWARD)
 
 class InternalError(RuntimeError):
     """A compiler bug: the plan would not do what the compiler reports. Never a user error."""
+
+
+def drop_unused(tensors, ops):
+    """Remove the tensors no op touches (what a fusion left behind: dw_stream.py's inner tensors, a
+    piped int8 tensor), renumbering the ops' slots and the views, so that the plan neither places
+    nor lists them; the input, target and output stay."""
+    used = {t for o in ops for t in o.slots if t is not None}
+    used |= {i for i, t in enumerate(tensors) if t.flags & (F.TFLAGS["INPUT"] | F.TFLAGS["OUTPUT"] | F.TFLAGS["TARGET"])}
+    for i in sorted(used):   # the memory a used view lives in
+        while tensors[i].view_of is not None:
+            i = tensors[i].view_of
+            used.add(i)
+    new = {i: n for n, i in enumerate(sorted(used))}
+    kept = [tensors[i] for i in sorted(used)]
+    for t in kept:
+        t.view_of = new[t.view_of] if t.view_of is not None else None
+    tensors[:] = kept
+    for o in ops:
+        o.slots = [new[t] if t is not None else None for t in o.slots]
 
 
 def check_gradient_paths(tensors, ops, trainable):

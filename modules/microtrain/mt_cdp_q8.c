@@ -9,6 +9,12 @@
  * expansion block neither its expanded tensor nor its depthwise output. Each element
  * is summed and requantized by the integer arithmetic of CONV2D_Q8 (the row loops of
  * mt_q8.h), so y is bit for bit that of the three ops.
+ *
+ *   CONV_DW_PW_Q8_TO_PIPE, CONV_DW_PW_Q8_FROM_PIPE  two of them in a row, the second's x the
+ * first's y: y exists as `pipe`, its last rows, as many as a window of the second's first conv
+ * spans. The first op's run does nothing; the second runs the first a row of y at a time (its
+ * record just before the second's: the loader checks the pair) whenever its first conv needs a
+ * row not yet made. The stem's output then never exists whole either.
  */
 #include "mt_q8.h"
 
@@ -17,8 +23,20 @@ typedef struct {
     uint32_t x, w0, b0, mult0, shift0, w1, b1, mult1, shift1, w, b, mult, shift, ring, row, y;
     mt_conv_geom_t g0, g1;        /* the first conv (over x), the depthwise conv (over e) */
     uint32_t O, R;                /* the 1x1 conv's outputs; ring rows */
+    uint32_t x_rows, y_rows;      /* x, y a pipe of that many rows (0: the whole tensor) */
     int32_t x_zp, e_zp, d_zp, y_zp, lo0, hi0, lo1, hi1, lo, hi;
 } cdp_q8_rec_t;
+
+#define CDP_REC_BYTES ((sizeof(cdp_q8_rec_t) + 3u) & ~3u)   /* as the loader lays records out */
+
+/* the pipe ops have CONV_DW_PW_Q8's slots and attributes (and one more attribute) */
+typedef char cdp_pipe_slots_match[(MT_CONV_DW_PW_Q8_TO_PIPE_X == MT_CONV_DW_PW_Q8_X
+    && MT_CONV_DW_PW_Q8_TO_PIPE_Y == MT_CONV_DW_PW_Q8_Y && MT_CONV_DW_PW_Q8_FROM_PIPE_Y == MT_CONV_DW_PW_Q8_Y
+    && MT_CONV_DW_PW_Q8_FROM_PIPE_RING == MT_CONV_DW_PW_Q8_RING && MT_CONV_DW_PW_Q8_TO_PIPE_ROW == MT_CONV_DW_PW_Q8_ROW
+    && MT_CONV_DW_PW_Q8_TO_PIPE_A_ACT_MAX == MT_CONV_DW_PW_Q8_A_ACT_MAX
+    && MT_CONV_DW_PW_Q8_FROM_PIPE_A_ACT_MAX == MT_CONV_DW_PW_Q8_A_ACT_MAX
+    && MT_CONV_DW_PW_Q8_TO_PIPE_A_OUT_H == MT_CONV_DW_PW_Q8_A_ACT_MAX + 1
+    && MT_CONV_DW_PW_Q8_FROM_PIPE_A_IN_H == MT_CONV_DW_PW_Q8_A_ACT_MAX + 1) ? 1 : -1];
 
 /* the depthwise stage's attributes in CONV2D's order, groups = E */
 static void dw_attrs(const int32_t *a, uint32_t E, int32_t *d) {
@@ -30,8 +48,9 @@ static void dw_attrs(const int32_t *a, uint32_t E, int32_t *d) {
 
 /* e (1, E, H1, W1), the first conv's output, and d (1, E, OH, OW), the depthwise output (y's
  * rows and columns); 0 if the first conv has no output */
-static int stage_shapes(const mt_op_t *op, mt_tensor_t *e, mt_tensor_t *d) {
-    const mt_tensor_t *x = &op->t[MT_CONV_DW_PW_Q8_X], *w0 = &op->t[MT_CONV_DW_PW_Q8_W0];
+static int stage_shapes(const mt_op_t *op, const mt_tensor_t *x, const mt_tensor_t *y, mt_tensor_t *e,
+    mt_tensor_t *d) {
+    const mt_tensor_t *w0 = &op->t[MT_CONV_DW_PW_Q8_W0];
     const int32_t *a = op->a;
     if (!mt_is_nchw(x) || w0->ndim != 4 || !mt_in_range(a[MT_CONV_A_STRIDE_H], 1, MT_LIMIT)
         || !mt_in_range(a[MT_CONV_A_STRIDE_W], 1, MT_LIMIT) || !mt_in_range(a[MT_CONV_A_DIL_H], 1, MT_LIMIT)
@@ -55,7 +74,7 @@ static int stage_shapes(const mt_op_t *op, mt_tensor_t *e, mt_tensor_t *d) {
     e->dim[2] = (uint32_t)H1;
     e->dim[3] = (uint32_t)W1;
     e->n = e->dim[1] * e->dim[2] * e->dim[3];
-    *d = op->t[MT_CONV_DW_PW_Q8_Y];
+    *d = *y;
     d->dim[1] = e->dim[1];
     d->n = d->dim[1] * d->dim[2] * d->dim[3];
     return 1;
@@ -65,22 +84,60 @@ static uint32_t ring_rows(const mt_op_t *op) {
     return (op->t[MT_CONV_DW_PW_Q8_W1].dim[2] - 1) * (uint32_t)op->a[MT_CONV_DW_PW_Q8_A_DW_DIL_H] + 1;
 }
 
+/* A pipe of rows x C x W (int8) standing for the whole (1, C, h, W) tensor t: as in *whole */
+static int pipe_of(const mt_tensor_t *pipe, int32_t h, mt_tensor_t *whole) {
+    if (pipe->ndim != 3 || pipe->dim[0] < 1 || !mt_in_range(h, 1, MT_LIMIT) || pipe->dim[0] > (uint32_t)h) {
+        return 0;
+    }
+    *whole = *pipe;
+    whole->ndim = 4;
+    whole->dim[0] = 1;
+    whole->dim[1] = pipe->dim[1];
+    whole->dim[2] = (uint32_t)h;
+    whole->dim[3] = pipe->dim[2];
+    if ((uint64_t)whole->dim[1] * whole->dim[2] * whole->dim[3] >= (1u << 28)) {
+        return 0;
+    }
+    whole->n = whole->dim[1] * whole->dim[2] * whole->dim[3];
+    return 1;
+}
+
+/* the op's x and y as whole tensors: a pipe (CONV_DW_PW_Q8_FROM_PIPE's x, _TO_PIPE's y) stands
+ * for the tensor its `in_h`/`out_h` attribute gives the rows of */
+static int whole_io(const mt_op_t *op, mt_tensor_t *x, mt_tensor_t *y) {
+    *x = op->t[MT_CONV_DW_PW_Q8_X];
+    *y = op->t[MT_CONV_DW_PW_Q8_Y];
+    if (op->code == MT_OP_CONV_DW_PW_Q8_FROM_PIPE) {
+        return pipe_of(&op->t[MT_CONV_DW_PW_Q8_X], op->a[MT_CONV_DW_PW_Q8_FROM_PIPE_A_IN_H], x);
+    }
+    if (op->code == MT_OP_CONV_DW_PW_Q8_TO_PIPE) {
+        return pipe_of(&op->t[MT_CONV_DW_PW_Q8_Y], op->a[MT_CONV_DW_PW_Q8_TO_PIPE_A_OUT_H], y);
+    }
+    return 1;
+}
+
 static int cdp_q8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     static const int32_t pointwise[MT_CONV_A_GROUPS + 1] = {1, 1, 0, 0, 0, 0, 1, 1, 1};
     const mt_tensor_t *t = op->t, *w0 = &t[MT_CONV_DW_PW_Q8_W0], *w1 = &t[MT_CONV_DW_PW_Q8_W1];
-    const mt_tensor_t *w = &t[MT_CONV_DW_PW_Q8_W], *y = &t[MT_CONV_DW_PW_Q8_Y];
+    const mt_tensor_t *w = &t[MT_CONV_DW_PW_Q8_W];
     const int32_t *a = op->a;
     int32_t da[MT_CONV_A_GROUPS + 1];
-    mt_tensor_t e, d;
-    if (a[MT_CONV_A_GROUPS] != 1 || !mt_is_nchw(y) || !stage_shapes(op, &e, &d)) {
+    mt_tensor_t x, y, e, d;
+    if (!whole_io(op, &x, &y) || a[MT_CONV_A_GROUPS] != 1 || !mt_is_nchw(&x) || !mt_is_nchw(&y)
+        || !stage_shapes(op, &x, &y, &e, &d)) {
         return MT_E_SHAPE;
     }
     const uint32_t E = e.dim[1], O = w->dim[0];
     dw_attrs(a, E, da);
-    if (!mt_conv_check_shapes(a, &t[MT_CONV_DW_PW_Q8_X], w0, &e) || !mt_conv_check_shapes(da, &e, w1, &d)
-        || !mt_conv_check_shapes(pointwise, &d, w, y) || w1->dim[0] != E
+    if (!mt_conv_check_shapes(a, &x, w0, &e) || !mt_conv_check_shapes(da, &e, w1, &d)
+        || !mt_conv_check_shapes(pointwise, &d, w, &y) || w1->dim[0] != E
         || (uint64_t)w0->dim[1] * w0->dim[2] * w0->dim[3] > MT_Q8_MAX_TAPS
         || (uint64_t)w1->dim[2] * w1->dim[3] > MT_Q8_MAX_TAPS || E > MT_Q8_MAX_TAPS) {
+        return MT_E_SHAPE;
+    }
+    /* a pipe into this op: exactly the rows one window of the first conv spans */
+    if (op->code == MT_OP_CONV_DW_PW_Q8_FROM_PIPE
+        && t[MT_CONV_DW_PW_Q8_X].dim[0] != (w0->dim[2] - 1) * (uint32_t)a[MT_CONV_A_DIL_H] + 1) {
         return MT_E_SHAPE;
     }
     /* the ring: exactly R rows of E x W1 values, quantized as e; the row: E x OW, quantized as d */
@@ -89,7 +146,7 @@ static int cdp_q8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
         || (uint64_t)row->n != (uint64_t)E * d.dim[3] || !mt_q8_activation_ok(ctx, row)) {
         return MT_E_SHAPE;
     }
-    return mt_q8_activation_ok(ctx, &t[MT_CONV_DW_PW_Q8_X]) && mt_q8_activation_ok(ctx, y)
+    return mt_q8_activation_ok(ctx, &t[MT_CONV_DW_PW_Q8_X]) && mt_q8_activation_ok(ctx, &t[MT_CONV_DW_PW_Q8_Y])
            && mt_q8_weight_ok(ctx, w0, 0, E) && mt_q8_weight_ok(ctx, w1, 0, E) && mt_q8_weight_ok(ctx, w, 0, O)
            && mt_q8_rescale_ok(ctx, &t[MT_CONV_DW_PW_Q8_MULT0], &t[MT_CONV_DW_PW_Q8_SHIFT0], &t[MT_CONV_DW_PW_Q8_B0], E)
            && mt_q8_rescale_ok(ctx, &t[MT_CONV_DW_PW_Q8_MULT1], &t[MT_CONV_DW_PW_Q8_SHIFT1], &t[MT_CONV_DW_PW_Q8_B1], E)
@@ -104,8 +161,9 @@ static uint32_t cdp_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec
     if (r != NULL) {
         const mt_tensor_t *t = op->t;
         int32_t da[MT_CONV_A_GROUPS + 1];
-        mt_tensor_t e, d;
-        stage_shapes(op, &e, &d);
+        mt_tensor_t x, y, e, d;
+        whole_io(op, &x, &y);
+        stage_shapes(op, &x, &y, &e, &d);
         dw_attrs(op->a, e.dim[1], da);
         r->x = t[MT_CONV_DW_PW_Q8_X].ref;
         r->w0 = t[MT_CONV_DW_PW_Q8_W0].ref;
@@ -123,10 +181,12 @@ static uint32_t cdp_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec
         r->ring = t[MT_CONV_DW_PW_Q8_RING].ref;
         r->row = t[MT_CONV_DW_PW_Q8_ROW].ref;
         r->y = t[MT_CONV_DW_PW_Q8_Y].ref;
-        mt_conv_prepare_geom(op->a, &t[MT_CONV_DW_PW_Q8_X], &t[MT_CONV_DW_PW_Q8_W0], &e, &r->g0);
+        mt_conv_prepare_geom(op->a, &x, &t[MT_CONV_DW_PW_Q8_W0], &e, &r->g0);
         mt_conv_prepare_geom(da, &e, &t[MT_CONV_DW_PW_Q8_W1], &d, &r->g1);
         r->O = t[MT_CONV_DW_PW_Q8_W].dim[0];
         r->R = ring_rows(op);
+        r->x_rows = op->code == MT_OP_CONV_DW_PW_Q8_FROM_PIPE ? t[MT_CONV_DW_PW_Q8_X].dim[0] : 0;
+        r->y_rows = op->code == MT_OP_CONV_DW_PW_Q8_TO_PIPE ? t[MT_CONV_DW_PW_Q8_Y].dim[0] : 0;
         r->x_zp = mt_q8_zero_point(ctx, &t[MT_CONV_DW_PW_Q8_X]);
         r->e_zp = mt_q8_zero_point(ctx, &t[MT_CONV_DW_PW_Q8_RING]);
         r->d_zp = mt_q8_zero_point(ctx, &t[MT_CONV_DW_PW_Q8_ROW]);
@@ -141,6 +201,13 @@ static uint32_t cdp_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec
     return sizeof(cdp_q8_rec_t);
 }
 
+/* Row `row` of x's channel c: x whole, or a pipe of its last x_rows rows (C x W each) */
+static const int8_t *x_row(const cdp_q8_rec_t *r, const int8_t *x, uint32_t c, int32_t row) {
+    const mt_conv_geom_t *g = &r->g0;
+    return r->x_rows != 0 ? x + ((size_t)((uint32_t)row % r->x_rows) * g->C + c) * g->W
+                          : x + ((size_t)c * g->H + (uint32_t)row) * g->W;
+}
+
 /* Row `row` of e, all E channels, into its ring slot: CONV2D_Q8's output row. */
 static void first_row(mt_ctx_t *ctx, const cdp_q8_rec_t *r, int32_t row, int32_t *acc) {
     const mt_conv_geom_t *g = &r->g0;
@@ -149,7 +216,7 @@ static void first_row(mt_ctx_t *ctx, const cdp_q8_rec_t *r, int32_t row, int32_t
     const int32_t *mult0 = (const int32_t *)mt_ptr(ctx, r->mult0), *shift0 = (const int32_t *)mt_ptr(ctx, r->shift0);
     int8_t *slot = (int8_t *)mt_ptr(ctx, r->ring) + (size_t)((uint32_t)row % r->R) * g->O * g->OW;
     const int32_t OW = (int32_t)g->OW, by = row * g->sh - g->pt;
-    const size_t plane = (size_t)g->H * g->W, taps = (size_t)g->KH * g->KW;
+    const size_t taps = (size_t)g->KH * g->KW;
     int32_t ky0, ky1;
     mt_window_range(by, g->dh, g->KH, (int32_t)g->H, &ky0, &ky1);
     for (uint32_t e = 0; e < g->O; e++) {
@@ -159,8 +226,7 @@ static void first_row(mt_ctx_t *ctx, const cdp_q8_rec_t *r, int32_t row, int32_t
             const int32_t n = mt_q8_chunk(acc, x0, OW, init);
             for (uint32_t c = 0; c < g->C; c++) {
                 for (int32_t ky = ky0; ky < ky1; ky++) {
-                    mt_q8_mac_taps(acc, x + c * plane + (size_t)(by + ky * g->dh) * g->W, we + c * taps + ky * g->KW,
-                        g, x0, n, r->x_zp);
+                    mt_q8_mac_taps(acc, x_row(r, x, c, by + ky * g->dh), we + c * taps + ky * g->KW, g, x0, n, r->x_zp);
                 }
             }
             mt_q8_store_row(slot + (size_t)e * OW + x0, acc, n, mult0[e], shift0[e], r->e_zp, r->lo0, r->hi0);
@@ -168,9 +234,16 @@ static void first_row(mt_ctx_t *ctx, const cdp_q8_rec_t *r, int32_t row, int32_t
     }
 }
 
-static int cdp_q8_run(mt_ctx_t *ctx, const void *rec) {
-    const cdp_q8_rec_t *r = rec;
-    const mt_conv_geom_t *g = &r->g1;
+/* How far an op has got: rows of e below `next` and rows of y below `done` are made. */
+typedef struct {
+    int32_t next, done;
+} cdp_progress_t;
+
+/* Rows [p->done, upto) of y (whole, or its pipe); with src (this op's x a pipe), src's rows of y
+ * as the first conv needs them, src's progress in sp. */
+static void cdp_rows(mt_ctx_t *ctx, const cdp_q8_rec_t *r, cdp_progress_t *p, int32_t upto, int32_t *acc,
+    const cdp_q8_rec_t *src, cdp_progress_t *sp) {
+    const mt_conv_geom_t *g = &r->g1, *g0 = &r->g0;
     const int8_t *w1 = (const int8_t *)mt_ptr(ctx, r->w1), *ring = (const int8_t *)mt_ptr(ctx, r->ring);
     const int8_t *w = (const int8_t *)mt_ptr(ctx, r->w);
     const int32_t *b1 = (const int32_t *)mt_ptr(ctx, r->b1), *b = (const int32_t *)mt_ptr(ctx, r->b);
@@ -179,33 +252,67 @@ static int cdp_q8_run(mt_ctx_t *ctx, const void *rec) {
     int8_t *drow = (int8_t *)mt_ptr(ctx, r->row), *y = (int8_t *)mt_ptr(ctx, r->y);
     const int32_t OW = (int32_t)g->OW;
     const uint32_t E = g->C;
-    int32_t acc[MT_Q8_ROW], next = 0;   /* rows of e below `next` have been computed */
-    for (int32_t oy = 0; oy < (int32_t)g->OH; oy++) {
+    for (int32_t oy = p->done; oy < upto; oy++) {
         int32_t by = oy * g->sh - g->pt, ky0, ky1;
         mt_window_range(by, g->dh, g->KH, (int32_t)g->H, &ky0, &ky1);
         if (ky0 < ky1) {   /* the window's rows of e into the ring (those it shares with the last are there) */
             int32_t row = by + ky0 * g->dh, end = by + (ky1 - 1) * g->dh + 1;
-            for (row = row > next ? row : next; row < end; row++) {
+            for (row = row > p->next ? row : p->next; row < end; row++) {
+                if (src != NULL) {   /* the rows of x this row of e reads, made by src into the pipe */
+                    int32_t last = row * g0->sh - g0->pt + (g0->KH - 1) * g0->dh;
+                    last = last < (int32_t)g0->H - 1 ? last : (int32_t)g0->H - 1;
+                    cdp_rows(ctx, src, sp, last + 1, acc, NULL, NULL);
+                }
                 first_row(ctx, r, row, acc);
             }
-            next = next > end ? next : end;
+            p->next = p->next > end ? p->next : end;
         }
         mt_q8_dw_ring_row(ring, r->R, g, oy, ky0, ky1, w1, b1, mult1, shift1, r->e_zp, r->d_zp, r->lo1, r->hi1, drow,
             (size_t)OW, acc);   /* row oy of d */
         for (uint32_t o = 0; o < r->O; o++) {   /* row oy of y: the 1x1 conv of that row */
             const int8_t *wo = w + (size_t)o * E;
             const int32_t init = b != NULL ? b[o] : 0;
+            int8_t *yrow = r->y_rows != 0 ? y + ((size_t)((uint32_t)oy % r->y_rows) * r->O + o) * OW
+                                          : y + ((size_t)o * g->OH + (uint32_t)oy) * OW;
             for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
                 const int32_t n = mt_q8_chunk(acc, x0, OW, init);
                 for (uint32_t e = 0; e < E; e++) {
                     mt_q8_mac_row(acc, drow + (size_t)e * OW + x0, 1, wo[e], r->d_zp, n);
                 }
-                mt_q8_store_row(y + ((size_t)o * g->OH + oy) * OW + x0, acc, n, mult[o], shift[o], r->y_zp, r->lo,
-                    r->hi);
+                mt_q8_store_row(yrow + x0, acc, n, mult[o], shift[o], r->y_zp, r->lo, r->hi);
             }
         }
     }
+    p->done = upto > p->done ? upto : p->done;
+}
+
+static int cdp_q8_run(mt_ctx_t *ctx, const void *rec) {
+    const cdp_q8_rec_t *r = rec;
+    int32_t acc[MT_Q8_ROW];
+    cdp_progress_t p = {0, 0};
+    cdp_rows(ctx, r, &p, (int32_t)r->g1.OH, acc, NULL, NULL);
     return MT_OK;
 }
 
 const mt_opdef_t mt_op_CONV_DW_PW_Q8 = {cdp_q8_check, cdp_q8_prepare, cdp_q8_run};
+
+/* Its y is the next op's pipe: that op runs it (the loader checks the pair, mt_plan.c). */
+static int cdp_to_pipe_run(mt_ctx_t *ctx, const void *rec) {
+    (void)ctx;
+    (void)rec;
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV_DW_PW_Q8_TO_PIPE = {cdp_q8_check, cdp_q8_prepare, cdp_to_pipe_run};
+
+/* The op before it (a CONV_DW_PW_Q8_TO_PIPE, its record just before this one) makes the rows of
+ * the pipe as this op's first conv needs them. */
+static int cdp_from_pipe_run(mt_ctx_t *ctx, const void *rec) {
+    const cdp_q8_rec_t *r = rec, *src = (const cdp_q8_rec_t *)(const void *)((const uint8_t *)rec - CDP_REC_BYTES);
+    int32_t acc[MT_Q8_ROW];
+    cdp_progress_t p = {0, 0}, sp = {0, 0};
+    cdp_rows(ctx, r, &p, (int32_t)r->g1.OH, acc, src, &sp);
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_CONV_DW_PW_Q8_FROM_PIPE = {cdp_q8_check, cdp_q8_prepare, cdp_from_pipe_run};

@@ -464,11 +464,37 @@ static int is_batch_end(uint8_t code) {
     return code == MT_OP_SGD || code == MT_OP_GRAD_NORM2 || code == MT_OP_GRAD_CLIP;
 }
 
+/* The pipe writer's tensors in the arena (x, ring, row, the pipe): its reader runs it, so what
+ * the reader writes must lie outside them all. */
+static const uint8_t PIPE_SLOTS[4] = {MT_CONV_DW_PW_Q8_TO_PIPE_X, MT_CONV_DW_PW_Q8_TO_PIPE_RING,
+    MT_CONV_DW_PW_Q8_TO_PIPE_ROW, MT_CONV_DW_PW_Q8_TO_PIPE_Y};
+
+static int pipe_clear(const mt_ctx_t *ctx, const uint16_t *writer, const mt_op_t *reader) {
+    for (int w = 0; w < reader->n_t; w++) {
+        if (MT_SLOT_ROLE(mt_opspecs[reader->code].slot[w]) == MT_ROLE_IN || reader->tid[w] == MT_NO_TENSOR) {
+            continue;
+        }
+        const uint8_t *rw = tensor_record(ctx, reader->tid[w]);
+        uint32_t bw = mt_rd_u32(rw + MT_T_OFFSET), ew = bw + mt_rd_u32(rw + MT_T_BYTES);
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *ro = tensor_record(ctx, writer[k]);
+            uint32_t bo = mt_rd_u32(ro + MT_T_OFFSET), eo = bo + mt_rd_u32(ro + MT_T_BYTES);
+            if (ro[MT_T_STORAGE] == rw[MT_T_STORAGE] && bo < ew && bw < eo) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 /* Validate the op list and size (dest NULL) or write (dest) each op's record.
  * At attach, budget is what mt_load measured: a plan that changed since cannot
  * make the records outgrow it. */
 static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *total) {
     uint32_t pos = 0, at = 0, n_loss = 0, n_train = 0, n_sgd = 0;
+    uint16_t pipe = MT_NO_TENSOR;   /* the pipe the op before wrote (CONV_DW_PW_Q8_TO_PIPE) */
+    uint16_t writer[4] = {0, 0, 0, 0};   /* that op's arena tensors (PIPE_SLOTS) */
+    int32_t pipe_h = 0;
     uint8_t phase = MT_PHASE_FORWARD;
     ctx->phase_at[0] = 0;
     ctx->phase_op[0] = 0;
@@ -482,6 +508,22 @@ static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *tot
         if (err != MT_OK) {
             return err;
         }
+        /* a pipe is read by the op right after its writer, which runs the writer (mt_cdp_q8.c):
+         * a CONV_DW_PW_Q8_TO_PIPE is followed by a CONV_DW_PW_Q8_FROM_PIPE reading its y as a
+         * tensor of as many rows, and that op follows nothing else */
+        if ((op.code == MT_OP_CONV_DW_PW_Q8_FROM_PIPE) != (pipe != MT_NO_TENSOR)
+            || (pipe != MT_NO_TENSOR && (op.tid[MT_CONV_DW_PW_Q8_FROM_PIPE_X] != pipe
+                || op.a[MT_CONV_DW_PW_Q8_FROM_PIPE_A_IN_H] != pipe_h))) {
+            FAIL(MT_E_OP, (int32_t)i, -1);
+        }
+        if (pipe != MT_NO_TENSOR && !pipe_clear(ctx, writer, &op)) {
+            FAIL(MT_E_ALIAS, (int32_t)i, -1);
+        }
+        for (int k = 0; k < 4 && op.code == MT_OP_CONV_DW_PW_Q8_TO_PIPE; k++) {
+            writer[k] = op.tid[PIPE_SLOTS[k]];
+        }
+        pipe = op.code == MT_OP_CONV_DW_PW_Q8_TO_PIPE ? op.tid[MT_CONV_DW_PW_Q8_TO_PIPE_Y] : MT_NO_TENSOR;
+        pipe_h = op.code == MT_OP_CONV_DW_PW_Q8_TO_PIPE ? op.a[MT_CONV_DW_PW_Q8_TO_PIPE_A_OUT_H] : 0;
         /* phases never go back, and the loss is the first training op, so a step
          * that fails at the loss has changed no parameter */
         if (op.phase < phase || (op.phase == MT_PHASE_TRAIN && phase == MT_PHASE_FORWARD && !is_loss(op.code))
@@ -519,7 +561,7 @@ static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *tot
         at += size;
         pos = next;
     }
-    if (pos != ctx->ops_bytes || n_loss > 1) {
+    if (pos != ctx->ops_bytes || n_loss > 1 || pipe != MT_NO_TENSOR) {
         FAIL(MT_E_OP, -1, -1);
     }
     for (uint8_t q = phase + 1; q <= MT_PHASE_BATCH_END; q++) {
