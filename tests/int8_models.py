@@ -51,6 +51,16 @@ class DigitsNet(nn.Module):
         return self.fc(torch.flatten(h, 1))
 
 
+def trained_bn_stats(module, seed):
+    """Give every BatchNorm2d of module batch statistics and a bias as a trained network has them."""
+    g = torch.Generator().manual_seed(seed)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.2)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.3)
+
+
 class Block(nn.Module):
     """stem conv, then an inverted residual: 1x1 expansion, depthwise kxk, 1x1 projection (with the
     residual when the shapes allow), global average pooling, Linear."""
@@ -64,12 +74,7 @@ class Block(nn.Module):
         self.pw2 = nn.Sequential(nn.Conv2d(expand, width, 1, bias=bias), nn.BatchNorm2d(width))
         self.residual = stride == 1 and 2 * pad == dil * (k - 1)
         self.fc = nn.Linear(width, 10)
-        g = torch.Generator().manual_seed(k * 10 + stride)
-        for m in self.modules():   # batch statistics as a trained network has them
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.2)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.3)
+        trained_bn_stats(self, k * 10 + stride)
 
     def forward(self, x):
         a = self.stem(x)
