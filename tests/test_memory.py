@@ -30,11 +30,13 @@ def own_lifetimes(plan):
     """(first, last) op index of each tensor, worked out here from the op list alone (not with
     memory.lifetimes, report() or the planner): the ops that name it in a slot; the input and the
     target are written before op 0. A tensor that shares another's memory (a view, an op run in
-    place: the plan's meta says which) keeps that memory busy for its own lifetime too."""
+    place: the plan's meta says which) keeps that memory busy for its own lifetime too. A pipe's
+    reader (CONV_DW_PW_Q8_FROM_PIPE) runs its writer, the op before it: it names that op's tensors too."""
     n = len(plan.tensors)
     first, last = [None] * n, [None] * n
     for k, op in enumerate(plan.ops):
-        for t in op["slots"]:
+        named = op["slots"] + (plan.ops[k - 1]["slots"] if op["op"] == "CONV_DW_PW_Q8_FROM_PIPE" else [])
+        for t in named:
             if t is not None:
                 first[t] = k if first[t] is None else first[t]
                 last[t] = k

@@ -121,9 +121,9 @@ def _scratch_bytes(n):
 
 def pipe_pairs(nodes, values, keep=()):
     """Mark each pair of consecutive qcdp nodes whose first output is read by the second alone (not
-    in `keep`, no view of it) as a pipe where that lowers the larger of the two ops' live bytes: attrs pipe_out = (name, (rows, C, W), quant) on the first,
-    pipe_in = its rows H on the second. Pairs do not overlap (a node is a pipe's writer or its
-    reader); nodes is changed in place."""
+    in `keep`, no view of it) as a pipe, where that lowers the larger of the two ops' live bytes:
+    attrs pipe_out = (name, (rows, C, W), quant) on the first, pipe_in = its rows H on the second.
+    Pairs do not overlap (a node is a pipe's writer or its reader); nodes is changed in place."""
     readers = {}
     for n in nodes:
         for i in n.inputs:
@@ -135,7 +135,8 @@ def pipe_pairs(nodes, values, keep=()):
         a, b = nodes[k], nodes[k + 1]
         v = values.get(a.output)
         if (a.op == "qcdp" and b.op == "qcdp" and "pipe_in" not in a.attrs and b.inputs[0] == a.output
-                and readers.get(a.output) == [b] and a.output not in viewed and a.output not in keep):
+                and [id(r) for r in readers.get(a.output, [])] == [id(b)] and a.output not in viewed
+                and a.output not in keep):
             rows = (values[b.inputs[1]].data.shape[2] - 1) * b.attrs["dil_h"] + 1
             # a's input and scratch then live until b has run, beside b's output and scratch: only where
             # that is less than a's output beside a's input or beside b's output (int8 bytes)
