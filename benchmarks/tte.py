@@ -20,7 +20,7 @@ docs/sparse.md), as MIT keeps them and as MIT's estimate counts them (8 bits per
 --trained-weights float32 gives the float32 figures.
 
     python benchmarks/tte.py [--calibration 32] [--momentum 0] [--saved bits] [--json bench/tte.json]
-                             [--schemes 49kb,full] [--no-int8-fuse] [--frozen-weights int8]
+                             [--schemes 49kb,full] [--no-int8-fuse] [--no-recompute] [--frozen-weights int8]
                              [--trained-weights int8|float32]
 """
 import argparse
@@ -46,13 +46,13 @@ def kb(n):
 
 
 def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8_fuse=True, frozen_weights="int8",
-            trained_weights="int8"):
+            trained_weights="int8", recompute=True):
     """The figures of one scheme's plan. "full" trains every layer, so nothing is frozen to
     quantize: its plan is float32 with float input."""
     q = {} if scheme == "full" else dict(int8_options(calib), int8_fuse=int8_fuse, frozen_weights=frozen_weights)
     t = time.time()
     plan = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved,
-                              trained_weights=trained_weights, **q)
+                              trained_weights=trained_weights, recompute=recompute, **q)
     seconds = time.time() - t
     sim = microtrain.Simulator(plan)
     x = sim.quantize_input(calib[0]) if plan.meta["input"].get("dtype") else calib[0]
@@ -83,6 +83,8 @@ def main():
                     "masks; int8, int8 copies; float32, the outputs themselves")
     ap.add_argument("--no-int8-fuse", dest="int8_fuse", action="store_false",
                     help="keep each int8 1x1 conv and its depthwise conv two ops (compile(int8_fuse=False))")
+    ap.add_argument("--no-recompute", dest="recompute", action="store_false",
+                    help="keep every saved activation to its backward (compile(recompute=False), recompute.py)")
     ap.add_argument("--frozen-weights", choices=("float32", "int8"), default="int8",
                     help="the frozen conv weights of float layers: int8 with per-channel scales (default), or "
                     "float32 (compile(frozen_weights=...))")
@@ -111,10 +113,10 @@ def main():
             if want and s["scheme"] not in want:
                 continue
             r = measure(onnx_path, schemes_path, s["scheme"], calib, args.momentum, args.saved, args.int8_fuse,
-                        args.frozen_weights, args.trained_weights)
+                        args.frozen_weights, args.trained_weights, args.recompute)
             r.update(model=model, scheme=s["scheme"], momentum=args.momentum, saved=args.saved,
                      int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
-                     trained_weights=args.trained_weights,
+                     trained_weights=args.trained_weights, recompute=args.recompute,
                      mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
                      mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
             rows.append(r)

@@ -264,7 +264,9 @@ def seeds():
                                  batch=2),
         "cnn_ce_last_layer": c(cnn(seed=3, hw=6, n_out=3), update="last-layer", lr=0.05),
         "cnn_ce_last2_mom": c(cnn(seed=4, hw=6, n_out=3), update="last:2", lr=0.05, momentum=0.9),
-        "cnn_ce_full": c(cnn(seed=5, hw=4, n_out=2), update="full", lr=0.05),
+        "cnn_ce_full": c(cnn(seed=5, hw=4, n_out=2), update="full", lr=0.05),   # the first conv replayed
+        # every saved activation kept to its backward (no forward op in the TRAIN phase: recompute.py)
+        "cnn_ce_full_kept": c(cnn(seed=5, hw=4, n_out=2), update="full", lr=0.05, recompute=False),
         "pools_ce_full": c(pools(), update="full", lr=0.05, momentum=0.9),
         "pools_mse_batch2": c(pools(seed=3), update="full", loss="mse", lr=0.05, batch=2),
         "avg_exclude_pad": c(avg_exclude_pad(), update="full", lr=0.05),

@@ -101,9 +101,11 @@ def data_train_mlp():
 
 def data_train_cnn():
     """conv, relu, depthwise conv, relu6, residual add, maxpool, 1x1 conv, global
-    average pool, gemm; mse, momentum 0.9, batch 2, every parameter trained, 50 steps."""
+    average pool, gemm; mse, momentum 0.9, batch 2, every parameter trained, 50 steps; the first
+    conv's output made again in the backward (recompute.py) rather than kept."""
     plan = microtrain.compile(models.cnn(seed=2, hw=8, n_out=4), update="full", loss="mse",
                               lr=0.02, momentum=0.9, batch=2)
+    assert any(o["phase"] == "TRAIN" and o["op"] == "CONV2D" for o in plan.ops), "no replayed conv"
     rng = np.random.default_rng(2)
     x = rng.normal(size=(4, 2, 8, 8)).astype(np.float32)
     y = rng.normal(size=(4, 4)).astype(np.float32)

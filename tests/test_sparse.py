@@ -381,7 +381,7 @@ def float_clip_outputs_alive_in_backward(plan):
     first, last = lifetimes(len(plan.tensors), slots, [plan.header["input_tensor"], plan.header["target_tensor"]])
     owner = plan.memory_owners()
     train = min(k for k, o in enumerate(plan.ops) if o["phase"] == "TRAIN")
-    clip_y = [o["slots"][1] for o in plan.ops if o["op"] == "CLIP"]
+    clip_y = [o["slots"][1] for o in plan.ops if o["op"] == "CLIP" and o["phase"] == "FORWARD"]
     return [plan.tensors[y]["name"] for y in clip_y
             if max(last[t] for t in range(len(plan.tensors)) if owner[t] == owner[y]) >= train]
 
@@ -402,8 +402,8 @@ def test_saved_bits(models, exporter, act, tmp_path):
         paths = {exporter: export(module, torch.zeros(1, 3, hw, hw), exporter, str(tmp_path / "relu.onnx"))}
     scheme = {"classifier": "full", "bias_updates": [{"conv_index": k} for k in (0, 1, 2, 3)],
               "weight_updates": [SCHEME["weight_updates"][0]]}
-    plans = {s: microtrain.compile(paths[exporter], update=scheme, lr=0.2, momentum=0.9, saved=s)
-             for s in ("float32", "int8", "bits")}
+    plans = {s: microtrain.compile(paths[exporter], update=scheme, lr=0.2, momentum=0.9, saved=s, recompute=False)
+             for s in ("float32", "int8", "bits")}   # what is saved, not made again (recompute.py)
     ops = [o["op"] for o in plans["bits"].ops]
     # after pw1 (read by dw, frozen) and after dw (read by pw2, frozen); first's output feeds the
     # gradient of the trained pw1 weight, so it stays float and its backward (to first's trained
@@ -451,7 +451,7 @@ def test_saved_bits_before_split_weights(models, exporter):
     its mask: the weight gradients read the gathered copies. So with saved="bits" no float Clip
     output lives into the backward, and the parameters are bit-identical to saved="float32"."""
     _, paths = models[False]
-    plans = {s: microtrain.compile(paths[exporter], update=SCHEME, lr=0.05, momentum=0.9, saved=s)
+    plans = {s: microtrain.compile(paths[exporter], update=SCHEME, lr=0.05, momentum=0.9, saved=s, recompute=False)
              for s in ("float32", "bits")}
     assert float_clip_outputs_alive_in_backward(plans["bits"]) == []
     assert len(float_clip_outputs_alive_in_backward(plans["float32"])) == 2

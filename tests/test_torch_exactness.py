@@ -101,7 +101,7 @@ def plan_layers(plan):
     names = [t["name"] for t in plan.tensors]
     out = []
     for op in plan.ops:
-        if op["op"] in LAYER_FORWARD:
+        if op["op"] in LAYER_FORWARD and op["phase"] == "FORWARD":   # not a replay (recompute.py)
             b = op["slots"][2]
             layout = "in_out" if op["op"] == "GEMM" and op["attrs"][0] == MF.W_LAYOUT_IN_OUT else "out_in"
             out.append((names[op["slots"][1]], names[b] if b is not None else None, layout))

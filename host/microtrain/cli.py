@@ -37,7 +37,7 @@ def _compile(args):
                    batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
                    calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
                    saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
-                   trained_weights=args.trained_weights)
+                   trained_weights=args.trained_weights, recompute=args.recompute)
     if args.budget is not None:
         if args.update != "last-layer" or args.scheme:
             raise ValueError("--budget chooses what trains: give it without --update/--scheme")
@@ -341,6 +341,10 @@ def parser():
                    help="keep every frozen int8 conv an op of its own (by default a conv, depthwise conv and 1x1 "
                    "conv run as one CONV_DW_PW_Q8 op, a 1x1 conv and depthwise conv as one PWDW_Q8 op, which "
                    "never store the tensors between them: the same numbers, less RAM)")
+    c.add_argument("--no-recompute", dest="recompute", action="store_false",
+                   help="keep every activation the backward reads from the forward to its backward (by default "
+                   "forward ops run again in the backward where that lowers the arena: the same numbers, at most "
+                   "twice the forward's work)")
     c.add_argument("--frozen-weights", default="float32", choices=["float32", "int8"],
                    help="int8: store the frozen conv weights of float layers (a trained bias's layer, the frozen "
                    "part of a split weight) as int8 with per-output-channel scales, a quarter of their flash; "

@@ -6,6 +6,7 @@ import math
 from . import __version__
 from . import format as F
 from .dw_stream import stream_blocks
+from .recompute import replay_saved
 from .onnx_import import import_onnx
 from .memory import assign_memory
 from .plan import Plan, write_plan
@@ -64,7 +65,7 @@ INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
             input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None,
-            int8_fuse=True, frozen_weights="float32", trained_weights="float32"):
+            int8_fuse=True, frozen_weights="float32", trained_weights="float32", recompute=True):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -106,6 +107,9 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     trained_weights: "int8" stores every trainable conv/Gemm weight as int8 codes with one float
     scale per output channel (max|w| / 127 of its initial values) and updates the codes with the
     float gradient, rounded to nearest (q8state.py, docs/sparse.md); biases stay float32.
+    recompute: True runs forward ops again in the backward where that keeps fewer saved activations
+    and lowers the arena, with the same numbers (recompute.py; at most the forward's multiply-
+    accumulates again); False keeps every saved activation from the forward to its backward.
     """
     if trained_weights not in TRAINED_WEIGHTS:
         raise ValueError("unknown trained_weights %r; use one of %s" % (trained_weights, ", ".join(TRAINED_WEIGHTS)))
@@ -116,7 +120,10 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         return choose(model, budget, loss=loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
                       input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
-                      int8_fuse=int8_fuse, frozen_weights=frozen_weights, trained_weights=trained_weights)[1]
+                      int8_fuse=int8_fuse, frozen_weights=frozen_weights, trained_weights=trained_weights,
+                      recompute=recompute)[1]
+    if recompute not in (True, False):
+        raise ValueError("recompute must be True or False, got %r" % (recompute,))
     if int8_fuse not in (True, False, "pwdw"):
         raise ValueError("int8_fuse must be True, False or \"pwdw\", got %r" % (int8_fuse,))
     from .w8 import FROZEN_WEIGHTS
@@ -176,7 +183,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     return build_plan(graph, trainable, loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, update=update, input_dtype=INPUT_DTYPES[input_dtype],
                       clip_grad=clip_grad, channels=channels, saved=saved, frozen_weights=frozen_weights,
-                      trained_weights=trained_weights,
+                      trained_weights=trained_weights, recompute=recompute,
                       update_meta=update if scheme is None else "%s:%s" % (update, scheme))
 
 
@@ -191,7 +198,7 @@ def resolve_selection(graph, update, scheme=None):
 
 def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="greedy", guard=0,
                update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None, saved="float32",
-               frozen_weights="float32", trained_weights="float32"):
+               frozen_weights="float32", trained_weights="float32", recompute=True):
     """The Plan of an IR graph (ir.Graph): the training step for `trainable` (a set of parameter
     names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
@@ -231,6 +238,11 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     out = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["OUTPUT"])
     inp = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["INPUT"])
     tgt = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["TARGET"])
+    if recompute and trainable and planner != "naive":
+        ops, replayed = replay_saved(tensors, ops, (inp, tgt), planner, guard)
+        if replayed:
+            graph.notes.append("recompute: %d saved activation%s made again in the backward instead of kept (%s)"
+                               % (len(replayed), "s" if len(replayed) > 1 else "", ", ".join(replayed)))
     arena, state, naive, peak, blobs, data_size, quants = assign_memory(tensors, ops, (inp, tgt), planner, guard)
     if trainable:
         check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train

@@ -59,11 +59,10 @@ def lifetimes(n_tensors, ops, input_ids=()):
     return first, last
 
 
-def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
-    """Offsets for arena (planned), state (packed) and constant tensors, and the
-    quantization records (per-channel scales in the data section).
-    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs, data_bytes, quant_records)."""
-    roots = _roots(tensors)
+def arena_buffers(tensors, ops, io, roots=None):
+    """(owner tensor ids, planner.Buffers): one buffer per arena memory owner, live from the first op
+    that touches it or a view of it to the last."""
+    roots = _roots(tensors) if roots is None else roots
     first, last = lifetimes(len(tensors), op_slots(ops), io)
     group = {}
     for i, r in enumerate(roots):
@@ -74,7 +73,23 @@ def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
             else:
                 group.setdefault(r, (f, l))
     ids = sorted(group)
-    bufs = [planner.Buffer(tensors[r].nbytes, max(0, min(group[r][0], group[r][1])), max(0, group[r][1])) for r in ids]
+    return ids, [planner.Buffer(tensors[r].nbytes, max(0, min(group[r][0], group[r][1])), max(0, group[r][1]))
+                 for r in ids]
+
+
+def planned_arena(tensors, ops, io, strategy="greedy", gap=0):
+    """The arena bytes assign_memory would give, nothing assigned."""
+    _, bufs = arena_buffers(tensors, ops, io)
+    return planner.arena_size(bufs, planner.plan(bufs, align=F.ALIGN, strategy=strategy, gap=gap),
+                              align=F.ALIGN, gap=gap)
+
+
+def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
+    """Offsets for arena (planned), state (packed) and constant tensors, and the
+    quantization records (per-channel scales in the data section).
+    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs, data_bytes, quant_records)."""
+    roots = _roots(tensors)
+    ids, bufs = arena_buffers(tensors, ops, io, roots)
     offsets = planner.plan(bufs, align=F.ALIGN, strategy=strategy, gap=gap)
     arena = planner.arena_size(bufs, offsets, align=F.ALIGN, gap=gap)
     for r, off in zip(ids, offsets):

@@ -1,0 +1,195 @@
+"""Saved activations made again in the backward instead of kept (recompute.py).
+
+A chain of residual blocks (3x3 conv, ReLU, 1x1 conv, + the block input; GAP, Linear), both
+exporters, trained whole, biases only, and with batches of 4:
+* the replaying plan is the plan that keeps its activations, bit for bit: predictions, losses
+  and every parameter after 20 steps with momentum 0.9;
+* its arena is smaller, and the replayed ops run in the TRAIN phase only (inference is the
+  forward alone);
+* against PyTorch autograd, 20 steps of the whole update match within 1e-4 and every trainable
+  tensor moves;
+* nothing is replayed with recompute=False, with the naive planner, or where a replay would save
+  less than 1% of the arena; a weight written before its replay stops it;
+* MCUNet-5fps's 148kb scheme (the MIT model), replayed and not, trains 2 steps bit for bit alike.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as TF
+
+import microtrain
+import microtrain.recompute as R
+from oracle_models import Case, export
+from test_torch_exactness import train_both
+
+STEPS = 20
+UPDATES = ("full", "bias")
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.a = nn.Conv2d(c, c, 3, padding=1)
+        self.b = nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        return x + self.b(TF.relu(self.a(x)))
+
+
+class ResChain(nn.Module):
+    """3x3 stem, n blocks x + conv1x1(relu(conv3x3(x))), GAP, Linear (parameters registered in
+    execution order, as oracle_models.layers wants them)."""
+
+    def __init__(self, n=3, c=8):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.blocks = nn.Sequential(*(Block(c) for _ in range(n)))
+        self.fc = nn.Linear(c, 4)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+    def forward(self, x):
+        x = self.blocks(TF.relu(self.stem(x)))
+        return self.fc(torch.flatten(TF.adaptive_avg_pool2d(x, 1), 1))
+
+
+SHAPE = (3, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("recompute")
+    return {ex: export(ResChain().eval(), torch.zeros((1,) + SHAPE), ex, str(d / ("chain_%s.onnx" % ex)))
+            for ex in ("ts13", "dynamo")}
+
+
+def replayed(plan):
+    """The plan's replayed forward ops: those writing a copy ("@replay")."""
+    name = lambda s: plan.tensors[s]["name"] if s is not None and s < len(plan.tensors) else ""
+    return [o for o in plan.ops if o["phase"] != "FORWARD" and any("@replay" in name(s) for s in o["slots"])]
+
+
+def data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n,) + SHAPE).astype(np.float32), rng.integers(0, 4, n)
+
+
+def trained(plan, xs, ys):
+    sim = microtrain.Simulator(plan)
+    preds = [sim.predict(x) for x in xs[:3]]
+    losses = [sim.step(x, y) for x, y in zip(xs, ys)]
+    return preds, losses, sim.params()
+
+
+@pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
+@pytest.mark.parametrize("update", UPDATES)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_replayed_plan_is_the_kept_plan(models, exporter, update, batch):
+    opts = dict(update=update, lr=0.02, momentum=0.9, batch=batch)
+    a = microtrain.compile(models[exporter], **opts)
+    b = microtrain.compile(models[exporter], recompute=False, **opts)
+    assert replayed(a) and not replayed(b)
+    assert any(n.startswith("recompute: ") for n in a.meta["notes"])
+    assert a.report()["arena_bytes"] < b.report()["arena_bytes"]
+    # inference runs the same forward ops
+    assert [o["op"] for o in a.ops if o["phase"] == "FORWARD"] == [o["op"] for o in b.ops if o["phase"] == "FORWARD"]
+    xs, ys = data(STEPS * batch, seed=batch)
+    pa, la, wa = trained(a, xs, ys)
+    pb, lb, wb = trained(b, xs, ys)
+    for x, y in zip(pa, pb):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(la, lb)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        np.testing.assert_array_equal(wa[k], wb[k], err_msg=k)
+
+
+@pytest.mark.parametrize("exporter", ["ts13", "dynamo"])
+def test_replayed_plan_against_pytorch(models, exporter):
+    case = Case("reschain", ResChain, SHAPE, n_out=4)
+    plan, sim, _ = train_both(models[exporter], case, ResChain().eval(), "full", "cross-entropy", 1)
+    assert replayed(plan)
+
+
+def test_nothing_replayed_without_gain(models):
+    assert not replayed(microtrain.compile(models["ts13"], update="full", planner="naive"))
+    assert not replayed(microtrain.compile(models["ts13"], update="last:3"))   # would save 8 bytes
+    assert not replayed(microtrain.compile(models["ts13"], update="none"))
+    with pytest.raises(ValueError, match="recompute must be True or False"):
+        microtrain.compile(models["ts13"], recompute="yes")
+
+
+def test_a_weight_written_before_the_replay_stops_it(models, monkeypatch):
+    """A replayed op reading a tensor some op writes between it and the replay would not give the
+    forward's values: such a replay is refused. Made here by having every TRAIN op claim to write
+    every parameter as well."""
+    real, params = R._writes, set()
+
+    def spy(tensors, ops, a):
+        params.update(i for i, t in enumerate(tensors) if t.storage == "STATE")
+        return replay(tensors, ops, a)
+
+    replay = R._replay
+    monkeypatch.setattr(R, "_replay", spy)
+    assert replayed(microtrain.compile(models["ts13"], update="full"))
+    monkeypatch.setattr(R, "_writes", lambda o: real(o) + (sorted(params) if o.phase == "TRAIN" else []))
+    assert not replayed(microtrain.compile(models["ts13"], update="full"))
+
+
+def test_shared_weight_replayed_plan_is_the_kept_plan(tmp_path):
+    """The first block used again as the third: its weight is read by the replayed forward ops
+    and updated once its two gradients are summed."""
+    m = ResChain().eval()
+    m.blocks[2] = m.blocks[0]
+    path = export(m, torch.zeros((1,) + SHAPE), "ts13", str(tmp_path / "shared.onnx"))
+    opts = dict(update="full", lr=0.02, momentum=0.9)
+    a = microtrain.compile(path, **opts)
+    b = microtrain.compile(path, recompute=False, **opts)
+    xs, ys = data(STEPS)
+    for x, y in zip(trained(a, xs, ys), trained(b, xs, ys)):
+        if isinstance(x, dict):
+            for k in x:
+                np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+def test_mcunet_148kb_replayed_trains_as_kept():
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from bench_models import tte_dir
+    from calibration import int8_options, samples
+    d = tte_dir()
+    if d is None:
+        pytest.skip("the MIT models are not on this machine (benchmarks/bench_models.py)")
+    opts = dict(update=os.path.join(d, "mcunet-5fps.schemes.json"), scheme="148kb", saved="bits",
+                frozen_weights="int8", trained_weights="int8", momentum=0.9, **int8_options(samples(8, 128)))
+    a = microtrain.compile(os.path.join(d, "mcunet-5fps.onnx"), **opts)
+    b = microtrain.compile(os.path.join(d, "mcunet-5fps.onnx"), recompute=False, **opts)
+    assert replayed(a) and a.report()["arena_bytes"] < b.report()["arena_bytes"]
+    xs = np.random.default_rng(5).integers(0, 256, (2, 1, 3, 128, 128)).astype(np.uint8)
+    got = []
+    for plan in (a, b):
+        sim = microtrain.Simulator(plan)
+        losses = [sim.step(x, i % 10) for i, x in enumerate(xs)]
+        got.append((losses, sim.predict(xs[0]), sim.params()))
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+    for k in got[0][2]:
+        np.testing.assert_array_equal(got[0][2][k], got[1][2][k], err_msg=k)
+
+
+def test_cli_no_recompute(models, tmp_path):
+    """`microtrain compile` replays by default; --no-recompute writes compile(recompute=False)'s plan."""
+    from test_plan_report import cli
+    for flag, name in (((), "on.mtp"), (("--no-recompute",), "off.mtp")):
+        cli("compile", models["ts13"], "-o", tmp_path / name, "--update", "full", *flag)
+    on, off = (microtrain.load_plan(str(tmp_path / n)) for n in ("on.mtp", "off.mtp"))
+    assert replayed(on) and not replayed(off)
+    assert off.data == microtrain.compile(models["ts13"], update="full", recompute=False).data
