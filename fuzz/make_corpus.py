@@ -230,6 +230,7 @@ def int8_seeds(c):
                                  calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
         "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8", int8_fuse="pwdw",
                                      calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
+        # the pipe's ops with rings of one channel (ring_channels.py)
         "int8_piped_blocks": c(int8_two_blocks(), update="last-layer", lr=0.05, quantize="int8", input_dtype="uint8",
                                input_quant=(1 / 255, 0),
                                calibration=np.random.default_rng(3).uniform(0, 1, (16, 3, 24, 16)).astype("f4")),
@@ -310,6 +311,15 @@ def seeds():
         out[name] = c(cnn(seed=8, hw=6, n_out=3), lr=0.05, trained_weights="int8",
                       update=out_update(name), **kw)
     out.update(int8_seeds(c))
+    # the piped blocks with rings of every channel (ring_channels.py off: int8_piped_blocks has one)
+    real = microtrain.compiler.one_channel_rings
+    microtrain.compiler.one_channel_rings = lambda *a, **k: []
+    try:
+        out["int8_piped_blocks_all_channels"] = c(
+            int8_two_blocks(), update="last-layer", lr=0.05, quantize="int8", input_dtype="uint8",
+            input_quant=(1 / 255, 0), calibration=np.random.default_rng(3).uniform(0, 1, (16, 3, 24, 16)).astype("f4"))
+    finally:
+        microtrain.compiler.one_channel_rings = real
     return out
 
 

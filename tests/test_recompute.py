@@ -24,6 +24,7 @@ import microtrain
 import microtrain.recompute as R
 from oracle_models import Case, export
 from test_torch_exactness import train_both
+from tte_parity import assert_trains_alike, mcunet
 
 STEPS = 20
 UPDATES = ("full", "bias")
@@ -160,29 +161,11 @@ def test_shared_weight_replayed_plan_is_the_kept_plan(tmp_path):
 
 
 def test_mcunet_148kb_replayed_trains_as_kept():
-    import os
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-    from bench_models import tte_dir
-    from calibration import int8_options, samples
-    d = tte_dir()
-    if d is None:
-        pytest.skip("the MIT models are not on this machine (benchmarks/bench_models.py)")
-    opts = dict(update=os.path.join(d, "mcunet-5fps.schemes.json"), scheme="148kb", saved="bits",
-                frozen_weights="int8", trained_weights="int8", momentum=0.9, **int8_options(samples(8, 128)))
-    a = microtrain.compile(os.path.join(d, "mcunet-5fps.onnx"), **opts)
-    b = microtrain.compile(os.path.join(d, "mcunet-5fps.onnx"), recompute=False, **opts)
+    path, opts = mcunet("148kb")
+    a = microtrain.compile(path, **opts)
+    b = microtrain.compile(path, recompute=False, **opts)
     assert replayed(a) and a.report()["arena_bytes"] < b.report()["arena_bytes"]
-    xs = np.random.default_rng(5).integers(0, 256, (2, 1, 3, 128, 128)).astype(np.uint8)
-    got = []
-    for plan in (a, b):
-        sim = microtrain.Simulator(plan)
-        losses = [sim.step(x, i % 10) for i, x in enumerate(xs)]
-        got.append((losses, sim.predict(xs[0]), sim.params()))
-    np.testing.assert_array_equal(got[0][0], got[1][0])
-    np.testing.assert_array_equal(got[0][1], got[1][1])
-    for k in got[0][2]:
-        np.testing.assert_array_equal(got[0][2][k], got[1][2][k], err_msg=k)
+    assert_trains_alike(a, b)
 
 
 def test_cli_no_recompute(models, tmp_path):

@@ -134,6 +134,14 @@ def run_on_board(tmp_path, image, code, firmware=TARGET.firmware, offset=ROM_OFF
         return mptargets.exec_raw(board.port, code, timeout)
 
 
+def device_params(lines):
+    """{name: bytes} from the device's "PARAM name hex" lines, a parameter's hex over several lines."""
+    out = {}
+    for name, h in (line.split() for line in lines):
+        out[name] = out.get(name, b"") + bytes.fromhex(h)
+    return out
+
+
 def test_plan_from_romfs_is_read_in_place(qemu_ready, plans, tmp_path):
     plan = plans["plan.mtp"]
     image = romfs.build({k: p.data for k, p in plans.items()})
@@ -166,7 +174,7 @@ def test_plan_from_romfs_is_read_in_place(qemu_ready, plans, tmp_path):
     assert not err, err
 
     assert lines["LOSSES"][0] == losses.tobytes().hex(), "losses differ from the host's"
-    params = {name: hexed for name, hexed in (p.split() for p in lines["PARAM"])}
+    params = {name: h.hex() for name, h in device_params(lines["PARAM"]).items()}
     host = {k: np.ascontiguousarray(v, "<f4").tobytes().hex() for k, v in sim.params().items()}
     assert params == host, "parameters differ from the host's"
     assert np.mean(losses[-N:]) < np.mean(losses[:N]), losses     # the steps did something
@@ -258,10 +266,7 @@ def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path, scheme):
     assert ram <= grew <= ram + 2 * SLACK
     got = np.frombuffer(bytes.fromhex(lines["LOSSES"][0]), np.float32)
     assert np.allclose(got, losses, rtol=1e-5, atol=0), (got, losses)
-    chunks = {}
-    for name, h in (p.split() for p in lines["PARAM"]):
-        chunks[name] = chunks.get(name, "") + h
-    params = {name: np.frombuffer(bytes.fromhex(h), np.float32) for name, h in chunks.items()}
+    params = {name: np.frombuffer(h, np.float32) for name, h in device_params(lines["PARAM"]).items()}
     host = sim.params()
     assert set(params) == set(host)
     for k, v in host.items():

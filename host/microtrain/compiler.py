@@ -7,6 +7,7 @@ from . import __version__
 from . import format as F
 from .dw_stream import stream_blocks
 from .recompute import replay_saved
+from .ring_channels import one_channel_rings, prune
 from .onnx_import import import_onnx
 from .memory import assign_memory
 from .plan import Plan, write_plan
@@ -238,8 +239,22 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     out = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["OUTPUT"])
     inp = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["INPUT"])
     tgt = next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["TARGET"])
-    if recompute and trainable and planner != "naive":
-        ops, replayed = replay_saved(tensors, ops, (inp, tgt), planner, guard)
+    if planner != "naive":
+        # rings of one channel (ring_channels.py) and replays (recompute.py) each lower the arena
+        # where the other leaves it peaking: in turn, until neither does
+        rings, replayed = [], []
+        while True:
+            more = one_channel_rings(tensors, ops, (inp, tgt), planner, guard)
+            again = []
+            if recompute and trainable:
+                ops, again = replay_saved(tensors, ops, (inp, tgt), planner, guard)
+            rings, replayed = rings + more, replayed + again
+            if not more and not again:
+                break
+        rings = prune(tensors, ops, (inp, tgt), rings, planner, guard)
+        if rings:
+            graph.notes.append("ring_channels: %s a channel at a time (a ring of one channel)"
+                               % ", ".join(o.source for o in rings))
         if replayed:
             graph.notes.append("recompute: %d saved activation%s made again in the backward instead of kept (%s)"
                                % (len(replayed), "s" if len(replayed) > 1 else "", ", ".join(replayed)))

@@ -286,13 +286,15 @@ OPS = (
     # exists only as `ring`, its last (KH-1)*dw_dil_h+1 rows (rows x E x W, its quantization), the
     # depthwise output as `row`, one row (E x OW, its quantization); the same integers as the
     # three ops (docs/quantization.md). A stem and its first block, or an expansion block
-    # without its input, never hold their large tensors.
+    # without its input, never hold their large tensors. A ring of one channel (rows x 1 x W)
+    # runs the depthwise row a channel at a time, first-conv rows made again (ring_channels.py).
     OpSpec("CONV_DW_PW_Q8", 72, _s("x:I8 w0:I8 b0:I32? mult0:I32 shift0:I32 w1:I8 b1:I32? mult1:I32 shift1:I32 "
                                    "w:I8 b:I32? mult:I32 shift:I32 ring:out:I8 row:out:I8 y:out:I8"),
            CONV_ATTRS + DW_ATTRS + ("act_min0", "act_max0", "act_min1", "act_max1") + Q8_CLAMP),
     # two CONV_DW_PW_Q8 in a row, the second reading the first's output alone, as a pipe: the
     # first's output y exists only as `pipe`, its last rows (rows x O x OW, y's quantization; out_h
-    # the rows of y), as many as one window of the second's first conv spans ((KH-1)*dil_h+1); the
+    # the rows of y), as many as one window of the second's first conv spans ((KH-1)*dil_h+1; with
+    # the second's ring one channel, the rows R of its first conv's rows span); the
     # first op does nothing when it runs, the second (its x the pipe, in_h = out_h) runs the first
     # a row at a time as its first conv needs the rows: the stem's output, the largest int8
     # tensor of an MCU network, is never stored (the integers of the two ops; docs/quantization.md)

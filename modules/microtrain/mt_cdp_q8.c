@@ -15,6 +15,12 @@
  * spans. The first op's run does nothing; the second runs the first a row of y at a time (its
  * record just before the second's: the loader checks the pair) whenever its first conv needs a
  * row not yet made. The stem's output then never exists whole either.
+ *
+ * A ring of R rows of ONE channel (R x W1, where the ring otherwise holds all E) runs each row of
+ * d a channel at a time: the window's R rows of e channel c, then row oy of d's channel c, so e
+ * rows are made again for every row of d whose window holds them (R / dw stride times as many
+ * first-conv sums) for E times less ring. With x a pipe, the pipe then holds the rows of x that
+ * R rows of e span. The sums are the same integers: y is bit for bit the same.
  */
 #include "mt_q8.h"
 
@@ -24,6 +30,7 @@ typedef struct {
     mt_conv_geom_t g0, g1;        /* the first conv (over x), the depthwise conv (over e) */
     uint32_t O, R;                /* the 1x1 conv's outputs; ring rows */
     uint32_t x_rows, y_rows;      /* x, y a pipe of that many rows (0: the whole tensor) */
+    uint32_t chan;                /* 1: the ring holds one channel (run a channel at a time) */
     int32_t x_zp, e_zp, d_zp, y_zp, lo0, hi0, lo1, hi1, lo, hi;
 } cdp_q8_rec_t;
 
@@ -84,6 +91,13 @@ static uint32_t ring_rows(const mt_op_t *op) {
     return (op->t[MT_CONV_DW_PW_Q8_W1].dim[2] - 1) * (uint32_t)op->a[MT_CONV_DW_PW_Q8_A_DW_DIL_H] + 1;
 }
 
+/* rows of x that n consecutive rows of e span */
+static uint32_t x_span(const mt_op_t *op, uint32_t n) {
+    const int32_t *a = op->a;
+    return (n - 1) * (uint32_t)a[MT_CONV_A_STRIDE_H] + (op->t[MT_CONV_DW_PW_Q8_W0].dim[2] - 1) * (uint32_t)a[MT_CONV_A_DIL_H]
+           + 1;
+}
+
 /* A pipe of rows x C x W (int8) standing for the whole (1, C, h, W) tensor t: as in *whole */
 static int pipe_of(const mt_tensor_t *pipe, int32_t h, mt_tensor_t *whole) {
     if (pipe->ndim != 3 || pipe->dim[0] < 1 || !mt_in_range(h, 1, MT_LIMIT) || pipe->dim[0] > (uint32_t)h) {
@@ -135,14 +149,18 @@ static int cdp_q8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
         || (uint64_t)w1->dim[2] * w1->dim[3] > MT_Q8_MAX_TAPS || E > MT_Q8_MAX_TAPS) {
         return MT_E_SHAPE;
     }
-    /* a pipe into this op: exactly the rows one window of the first conv spans */
+    /* the ring: exactly R rows of E x W1 values, or of one channel (W1 values), quantized as e; the
+     * row: E x OW, quantized as d */
+    const mt_tensor_t *ring = &t[MT_CONV_DW_PW_Q8_RING], *row = &t[MT_CONV_DW_PW_Q8_ROW];
+    const uint64_t ring_n = (uint64_t)ring_rows(op) * e.dim[3];
+    const int chan = E > 1 && ring->n == ring_n;
+    /* a pipe into this op: exactly the rows one window of the first conv spans (all the ring's
+     * rows of e span, when it holds one channel) */
     if (op->code == MT_OP_CONV_DW_PW_Q8_FROM_PIPE
-        && t[MT_CONV_DW_PW_Q8_X].dim[0] != (w0->dim[2] - 1) * (uint32_t)a[MT_CONV_A_DIL_H] + 1) {
+        && t[MT_CONV_DW_PW_Q8_X].dim[0] != x_span(op, chan ? ring_rows(op) : 1)) {
         return MT_E_SHAPE;
     }
-    /* the ring: exactly R rows of E x W1 values, quantized as e; the row: E x OW, quantized as d */
-    const mt_tensor_t *ring = &t[MT_CONV_DW_PW_Q8_RING], *row = &t[MT_CONV_DW_PW_Q8_ROW];
-    if ((uint64_t)ring->n != (uint64_t)ring_rows(op) * E * e.dim[3] || !mt_q8_activation_ok(ctx, ring)
+    if ((ring->n != ring_n * E && !chan) || !mt_q8_activation_ok(ctx, ring)
         || (uint64_t)row->n != (uint64_t)E * d.dim[3] || !mt_q8_activation_ok(ctx, row)) {
         return MT_E_SHAPE;
     }
@@ -187,6 +205,7 @@ static uint32_t cdp_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec
         r->R = ring_rows(op);
         r->x_rows = op->code == MT_OP_CONV_DW_PW_Q8_FROM_PIPE ? t[MT_CONV_DW_PW_Q8_X].dim[0] : 0;
         r->y_rows = op->code == MT_OP_CONV_DW_PW_Q8_TO_PIPE ? t[MT_CONV_DW_PW_Q8_Y].dim[0] : 0;
+        r->chan = e.dim[1] > 1 && t[MT_CONV_DW_PW_Q8_RING].n == r->R * e.dim[3];
         r->x_zp = mt_q8_zero_point(ctx, &t[MT_CONV_DW_PW_Q8_X]);
         r->e_zp = mt_q8_zero_point(ctx, &t[MT_CONV_DW_PW_Q8_RING]);
         r->d_zp = mt_q8_zero_point(ctx, &t[MT_CONV_DW_PW_Q8_ROW]);
@@ -208,18 +227,19 @@ static const int8_t *x_row(const cdp_q8_rec_t *r, const int8_t *x, uint32_t c, i
                           : x + ((size_t)c * g->H + (uint32_t)row) * g->W;
 }
 
-/* Row `row` of e, all E channels, into its ring slot: CONV2D_Q8's output row. */
-static void first_row(mt_ctx_t *ctx, const cdp_q8_rec_t *r, int32_t row, int32_t *acc) {
+/* Row `row` of e, channels [e0, e1), into its ring slot (channel e at (e - e0) x W1 in it):
+ * CONV2D_Q8's output row. */
+static void first_row(mt_ctx_t *ctx, const cdp_q8_rec_t *r, int32_t row, uint32_t e0, uint32_t e1, int32_t *acc) {
     const mt_conv_geom_t *g = &r->g0;
     const int8_t *x = (const int8_t *)mt_ptr(ctx, r->x), *w0 = (const int8_t *)mt_ptr(ctx, r->w0);
     const int32_t *b0 = (const int32_t *)mt_ptr(ctx, r->b0);
     const int32_t *mult0 = (const int32_t *)mt_ptr(ctx, r->mult0), *shift0 = (const int32_t *)mt_ptr(ctx, r->shift0);
-    int8_t *slot = (int8_t *)mt_ptr(ctx, r->ring) + (size_t)((uint32_t)row % r->R) * g->O * g->OW;
+    int8_t *slot = (int8_t *)mt_ptr(ctx, r->ring) + (size_t)((uint32_t)row % r->R) * (e1 - e0) * g->OW;
     const int32_t OW = (int32_t)g->OW, by = row * g->sh - g->pt;
     const size_t taps = (size_t)g->KH * g->KW;
     int32_t ky0, ky1;
     mt_window_range(by, g->dh, g->KH, (int32_t)g->H, &ky0, &ky1);
-    for (uint32_t e = 0; e < g->O; e++) {
+    for (uint32_t e = e0; e < e1; e++) {
         const int8_t *we = w0 + (size_t)e * g->C * taps;
         const int32_t init = b0 != NULL ? b0[e] : 0;
         for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
@@ -229,7 +249,7 @@ static void first_row(mt_ctx_t *ctx, const cdp_q8_rec_t *r, int32_t row, int32_t
                     mt_q8_mac_taps(acc, x_row(r, x, c, by + ky * g->dh), we + c * taps + ky * g->KW, g, x0, n, r->x_zp);
                 }
             }
-            mt_q8_store_row(slot + (size_t)e * OW + x0, acc, n, mult0[e], shift0[e], r->e_zp, r->lo0, r->hi0);
+            mt_q8_store_row(slot + (size_t)(e - e0) * OW + x0, acc, n, mult0[e], shift0[e], r->e_zp, r->lo0, r->hi0);
         }
     }
 }
@@ -255,7 +275,24 @@ static void cdp_rows(mt_ctx_t *ctx, const cdp_q8_rec_t *r, cdp_progress_t *p, in
     for (int32_t oy = p->done; oy < upto; oy++) {
         int32_t by = oy * g->sh - g->pt, ky0, ky1;
         mt_window_range(by, g->dh, g->KH, (int32_t)g->H, &ky0, &ky1);
-        if (ky0 < ky1) {   /* the window's rows of e into the ring (those it shares with the last are there) */
+        if (r->chan) {   /* a channel at a time: the window's rows of e channel c, then row oy of d's channel c */
+            if (ky0 < ky1 && src != NULL) {   /* the rows of x those rows of e read, into the pipe */
+                int32_t last = (by + (ky1 - 1) * g->dh) * g0->sh - g0->pt + (g0->KH - 1) * g0->dh;
+                last = last < (int32_t)g0->H - 1 ? last : (int32_t)g0->H - 1;
+                cdp_rows(ctx, src, sp, last + 1, acc, NULL, NULL);
+            }
+            mt_conv_geom_t one = *g;
+            const size_t taps = (size_t)g->KH * g->KW;
+            one.C = 1;
+            one.O = 1;
+            for (uint32_t c = 0; c < E; c++) {
+                for (int32_t ky = ky0; ky < ky1; ky++) {
+                    first_row(ctx, r, by + ky * g->dh, c, c + 1, acc);
+                }
+                mt_q8_dw_ring_row(ring, r->R, &one, oy, ky0, ky1, w1 + c * taps, b1 != NULL ? b1 + c : NULL, mult1 + c,
+                    shift1 + c, r->e_zp, r->d_zp, r->lo1, r->hi1, drow + (size_t)c * OW, (size_t)OW, acc);
+            }
+        } else if (ky0 < ky1) {   /* the window's rows of e into the ring (those it shares with the last are there) */
             int32_t row = by + ky0 * g->dh, end = by + (ky1 - 1) * g->dh + 1;
             for (row = row > p->next ? row : p->next; row < end; row++) {
                 if (src != NULL) {   /* the rows of x this row of e reads, made by src into the pipe */
@@ -263,12 +300,14 @@ static void cdp_rows(mt_ctx_t *ctx, const cdp_q8_rec_t *r, cdp_progress_t *p, in
                     last = last < (int32_t)g0->H - 1 ? last : (int32_t)g0->H - 1;
                     cdp_rows(ctx, src, sp, last + 1, acc, NULL, NULL);
                 }
-                first_row(ctx, r, row, acc);
+                first_row(ctx, r, row, 0, E, acc);
             }
             p->next = p->next > end ? p->next : end;
         }
-        mt_q8_dw_ring_row(ring, r->R, g, oy, ky0, ky1, w1, b1, mult1, shift1, r->e_zp, r->d_zp, r->lo1, r->hi1, drow,
-            (size_t)OW, acc);   /* row oy of d */
+        if (!r->chan) {   /* row oy of d */
+            mt_q8_dw_ring_row(ring, r->R, g, oy, ky0, ky1, w1, b1, mult1, shift1, r->e_zp, r->d_zp, r->lo1, r->hi1,
+                drow, (size_t)OW, acc);
+        }
         for (uint32_t o = 0; o < r->O; o++) {   /* row oy of y: the 1x1 conv of that row */
             const int8_t *wo = w + (size_t)o * E;
             const int32_t init = b != NULL ? b[o] : 0;
