@@ -344,7 +344,7 @@ def parser():
     c.add_argument("--no-recompute", dest="recompute", action="store_false",
                    help="keep every activation the backward reads from the forward to its backward (by default "
                    "forward ops run again in the backward where that lowers the arena: the same numbers, at most "
-                   "twice the forward's work)")
+                   "one more forward's work a step)")
     c.add_argument("--frozen-weights", default="float32", choices=["float32", "int8"],
                    help="int8: store the frozen conv weights of float layers (a trained bias's layer, the frozen "
                    "part of a split weight) as int8 with per-output-channel scales, a quarter of their flash; "

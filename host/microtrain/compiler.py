@@ -98,7 +98,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     same integers (q8_fuse.py): a conv, the depthwise conv that alone reads it and the 1x1 conv that
     alone reads that, row by row (CONV_DW_PW_Q8: a stem and its first block, an inverted-residual
     block), else a 1x1 conv into the depthwise conv that alone reads it (PWDW_Q8); "pwdw" only the
-    latter; False keeps every conv an op of its own.
+    latter; False keeps every conv an op of its own. A streamed op whose ring of rows sets the
+    arena's peak keeps one channel of it, its rows made again (ring_channels.py).
     frozen_weights: "float32" (default) keeps the frozen weights of float layers (those from the
     first trainable layer on, the frozen part of a split weight) as the model has them; "int8"
     stores each frozen conv weight of a float layer as int8 with one scale per output channel
