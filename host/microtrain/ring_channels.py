@@ -10,8 +10,8 @@ rows of x that R rows span, not one window's. The integers are the same.
 
 MCU networks' stem and first blocks, piped (q8_fuse.pipe_pairs), hold the 48 KB input beside
 their rings: this is where a sparse update's arena peaks. A ring is made one channel only where
-the live bytes at the peak drop by at least 1% and the planned arena does not grow, and keeps it
-only where the arena needs it in the end (prune; the extra sums are in the op's MACs).
+the live bytes at the peak drop by at least 1% and the planned arena does not grow, and is kept
+so only where the arena needs it in the end (prune; the extra sums are in the op's MACs).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from . import planner
 from .memory import arena_buffers, planned_arena
 
 STREAMED = ("CONV_DW_PW_Q8", "CONV_DW_PW_Q8_TO_PIPE", "CONV_DW_PW_Q8_FROM_PIPE")
-MIN_GAIN = 100          # at least 1/100 of the arena, as recompute.py
+MIN_GAIN = 100          # at least 1/100 of the live bytes at the peak (recompute.py: of the arena)
 
 
 def one_channel_rings(tensors, ops, io, strategy="greedy", gap=0):
