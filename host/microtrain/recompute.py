@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import format as F
-from .memory import _roots, lifetimes, op_slots, planned_arena
+from .memory import _roots, arena_buffers, planned_arena
 from .training import TTensor
 
 NOT_REPLAYED = ("CONV_DW_PW_Q8_TO_PIPE", "CONV_DW_PW_Q8_FROM_PIPE")   # a pipe pair runs as one
@@ -65,12 +65,8 @@ def _candidates(tensors, ops, io):
     """Arena roots written in the forward and touched after it, alive at the op where the most
     bytes are alive, largest first."""
     roots = _roots(tensors)
-    first, last = lifetimes(len(tensors), op_slots(ops), io)
-    span = {}
-    for i, r in enumerate(roots):
-        if first[i] >= 0 and tensors[r].storage == "ARENA":
-            f, l = span.get(r, (first[i], last[i]))
-            span[r] = (min(f, first[i]), max(l, last[i]))
+    ids, bufs = arena_buffers(tensors, ops, io, roots)
+    span = {r: (b.first, b.last) for r, b in zip(ids, bufs)}
     live = [0] * len(ops)
     for r, (f, l) in span.items():
         for k in range(f, l + 1):

@@ -30,7 +30,7 @@ def one_channel_rings(tensors, ops, io, strategy="greedy", gap=0):
     tensors and ops in place, the ops' MACs counted again. Returns the ops changed."""
     changed = []
     arena, live = _planned(tensors, ops, io, strategy, gap)
-    todo = [o for o in ops if o.name in STREAMED and getattr(o, "ring_channels", None) is None]
+    todo = [o for o in ops if o.name in STREAMED and not _one(tensors, o)]
     for o in sorted(todo, key=lambda o: -_ring(tensors, o).nbytes):
         if not _set(tensors, o, True):
             continue
@@ -62,31 +62,26 @@ def _planned(tensors, ops, io, strategy, gap):
     return planned_arena(tensors, ops, io, strategy, gap), planner.peak_live_bytes(bufs, F.ALIGN)
 
 
+def _one(tensors, o):
+    """Op o's ring holds one channel of its E > 1 (its row tensor holds E x OW)."""
+    return _ring(tensors, o).shape[1] == 1 < tensors[_slot(o, "row")].shape[0]
+
+
 def _set(tensors, o, one):
     """Op o's ring one channel (one) or all channels, its pipe and MACs to match; False if it
     cannot be one channel (a single channel, or a pipe shorter than R rows of its first conv span)."""
-    ring = _ring(tensors, o)
-    R, E, W1 = ring.shape
-    if one == (getattr(o, "ring_channels", None) is not None):
+    if one == _one(tensors, o):
         return True     # as asked already
+    ring, E = _ring(tensors, o), tensors[_slot(o, "row")].shape[0]
+    R, W1 = ring.shape[0], ring.shape[2]
     pipe = tensors[_slot(o, "x")] if o.name == "CONV_DW_PW_Q8_FROM_PIPE" else None
-    if one:
-        rows = _x_span(tensors, o, R)
-        if E == 1 or (pipe is not None and rows > o.attrs[-1]):
-            return False
-        extra = _extra_macs(tensors, o, E, W1)
-        o.ring_channels = (E, pipe.shape[0] if pipe is not None else None, extra)
-        ring.shape = (R, 1, W1)
-        if pipe is not None:
-            pipe.shape = (rows,) + tuple(pipe.shape[1:])
-        o.macs += extra
-    else:
-        E, rows, extra = o.ring_channels
-        o.ring_channels = None
-        ring.shape = (R, E, W1)
-        if pipe is not None:
-            pipe.shape = (rows,) + tuple(pipe.shape[1:])
-        o.macs -= extra
+    rows = _x_span(tensors, o, R if one else 1)
+    if one and (E == 1 or (pipe is not None and rows > o.attrs[-1])):
+        return False
+    ring.shape = (R, 1 if one else E, W1)
+    if pipe is not None:
+        pipe.shape = (rows,) + tuple(pipe.shape[1:])
+    o.macs += (1 if one else -1) * _extra_macs(tensors, o, E, W1)
     return True
 
 
