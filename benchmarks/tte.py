@@ -8,7 +8,10 @@ backward reads only for their mask kept as 1-bit masks (--saved bits), the froze
 the float layers int8 (--frozen-weights int8, compile(frozen_weights="int8")). Printed per scheme: the arena,
 the trainable state (parameters and optimizer state), the runtime context, peak RAM (their sum:
 what Trainer() allocates on the board), MIT's analytic estimate and MIT's measured peak for the
-model (NeurIPS 2022 Fig. 10, STM32F746, sparse update + operator reordering), the plan's flash
+model (NeurIPS 2022 Fig. 10, STM32F746, sparse update + operator reordering), a lower bound
+for any engine (the input image plus MIT's own count of the scheme's trained weights and
+biases: what must sit in RAM together, whatever the engine does with the rest; marked ! where it
+is over MIT's figure, a row no engine can bring below it), the plan's flash
 bytes (the whole plan, constants included: what a board keeps in flash), the op at the arena's peak and the largest tensors alive there, and the host simulator's time per training step
 (the same C as the board; a shared machine's figure, for comparing plans run together). With --momentum 0.9 the state column shows
 the momentum of channel-sparse weights held for their trained channels only.
@@ -66,7 +69,7 @@ def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8
     return {
         "arena_bytes": r["arena_bytes"], "state_bytes": r["param_bytes"], "context_bytes": r["context_bytes"],
         "peak_ram_bytes": r["peak_ram_bytes"], "peak_live_bytes": r["peak_live_bytes"],
-        "flash_bytes": r["flash_bytes"], "const_bytes": r["const_bytes"], "const_int8_bytes": r["const_int8_bytes"],
+        "input_bytes": plan.tensors[plan.header["input_tensor"]]["bytes"], "flash_bytes": r["flash_bytes"], "const_bytes": r["const_bytes"], "const_int8_bytes": r["const_int8_bytes"],
         "w8_weights": len(plan.meta.get("w8", [])), "host_step_ms": round(step_ms, 1), "compile_seconds": round(seconds, 2),
         "sparse_weights": len(plan.meta["channels"]), "trainable": len(plan.params()),
         "peak_op": "%d %s (%s)" % (peak["op"], peak["op_name"], peak["phase"]),
@@ -102,9 +105,9 @@ def main():
     calib = samples(args.calibration, 128)
     want = set(args.schemes.split(",")) if args.schemes else None
     rows = []
-    print("%-12s %-12s %9s %9s %8s %9s %10s %8s | %9s %9s | %s" % (
+    print("%-12s %-12s %9s %9s %8s %9s %10s %8s | %9s %9s %9s | %s" % (
         "model", "scheme", "arena KB", "state KB", "ctx KB", "peak KB", "flash KB", "step ms", "MIT est", "MIT peak",
-        "peak op: largest alive"))
+        "bound KB", "peak op: largest alive"))
     for model in MODELS:
         onnx_path, schemes_path = (os.path.join(d, model + ext) for ext in (".onnx", ".schemes.json"))
         with open(schemes_path) as f:
@@ -118,12 +121,15 @@ def main():
                      int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
                      trained_weights=args.trained_weights, recompute=args.recompute,
                      mit_estimate_kb=s["mit_analytic_estimate_kb"]["total"],
+                     mit_trained_kb=s["mit_analytic_estimate_kb"]["weights_and_biases"],
                      mit_peak_kb=MIT_FULL_KB[model] if s["scheme"] == "full" else MIT_PEAK_KB[model])
             rows.append(r)
+            r["bound_kb"] = round(kb(r["input_bytes"]) + r["mit_trained_kb"], 2)
             alive = ", ".join("%s %.0f" % (t["name"], kb(t["bytes"])) for t in r["alive_at_peak"][:args.top])
-            print("%-12s %-12s %9.1f %9.1f %8.1f %9.1f %10.1f %8.1f | %9.1f %9d | %s: %s" % (
+            print("%-12s %-12s %9.1f %9.1f %8.1f %9.1f %10.1f %8.1f | %9.1f %9d %8.1f%s | %s: %s" % (
                 model, s["scheme"], kb(r["arena_bytes"]), kb(r["state_bytes"]), kb(r["context_bytes"]),
-                kb(r["peak_ram_bytes"]), kb(r["flash_bytes"]), r["host_step_ms"], r["mit_estimate_kb"], r["mit_peak_kb"], r["peak_op"], alive))
+                kb(r["peak_ram_bytes"]), kb(r["flash_bytes"]), r["host_step_ms"], r["mit_estimate_kb"], r["mit_peak_kb"],
+                r["bound_kb"], "!" if r["bound_kb"] > r["mit_peak_kb"] else " ", r["peak_op"], alive))
             sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:

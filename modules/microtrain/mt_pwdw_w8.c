@@ -88,11 +88,13 @@ static uint32_t scales_of(const mt_ctx_t *ctx, const mt_tensor_t *w) {
 }
 
 /* the 1x1 geometry of one output channel over `in`, and the depthwise one of one channel */
-static void pw_geom(const mt_tensor_t *in, mt_conv_geom_t *g) {
+/* a 1x1 conv of C channels over an H x W plane, one output channel: built at run time from the
+ * depthwise geometry's plane, so a record holds one geometry (52 B) instead of three */
+static void pw_geom(uint32_t C, const mt_conv_geom_t *dwg, mt_conv_geom_t *g) {
     memset(g, 0, sizeof *g);
-    g->C = g->Cg = in->dim[1];
-    g->H = g->OH = in->dim[2];
-    g->W = g->OW = in->dim[3];
+    g->C = g->Cg = C;
+    g->H = g->OH = dwg->H;
+    g->W = g->OW = dwg->W;
     g->O = g->Og = g->G = 1;
     g->KH = g->KW = g->sh = g->sw = g->dh = g->dw = 1;
 }
@@ -143,8 +145,8 @@ static void pw_scatter_f32(float *into, const float *plane, const float *w, uint
 typedef struct {
     mt_rec_t h;
     uint32_t x, w, ws, b, xg, wt, wts, wtf, m, dw, dws, db, s, y, m2, w2, w2s, b2, z;
-    mt_conv_geom_t pw, pwt, dwg;  /* one channel each */
-    uint32_t E, O2;
+    mt_conv_geom_t dwg;           /* one channel */
+    uint32_t C, K, E, O2;         /* x's and xg's channels (K 0 without a trained weight) */
     float lo, hi, lo2, hi2;
 } pwdw_rec_t;
 
@@ -209,11 +211,9 @@ static uint32_t pwdw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
         r->wts = scales_of(ctx, &t[MT_PWDW_W8_WT]);
         r->dws = scales_of(ctx, &t[MT_PWDW_W8_DW]);
         r->w2s = scales_of(ctx, &t[MT_PWDW_W8_W2]);
-        pw_geom(&t[MT_PWDW_W8_X], &r->pw);
-        if (wt->n != 0) {
-            pw_geom(&t[MT_PWDW_W8_XG], &r->pwt);
-        }
         dw_geom(op->a, &e, &t[MT_PWDW_W8_DW], &y, &r->dwg);
+        r->C = t[MT_PWDW_W8_X].dim[1];
+        r->K = wt->n != 0 ? t[MT_PWDW_W8_XG].dim[1] : 0;
         r->E = e.dim[1];
         r->O2 = t[MT_PWDW_W8_W2].n != 0 ? t[MT_PWDW_W8_W2].dim[0] : 0;
         r->lo = mt_f32_from_bits(op->a[MT_PWDW_W8_A_LO_BITS]);
@@ -234,8 +234,11 @@ static int pwdw_run(mt_ctx_t *ctx, const void *rec) {
     const float *wtf = MT_F32(ctx, r->wtf);
     uint8_t *m = (uint8_t *)mt_ptr(ctx, r->m), *m2 = (uint8_t *)mt_ptr(ctx, r->m2);
     float *s = MT_F32(ctx, r->s), *y = MT_F32(ctx, r->y), *z = MT_F32(ctx, r->z);
-    const uint32_t P = r->pw.H * r->pw.W, OP = r->dwg.OH * r->dwg.OW, C = r->pw.C, E = r->E;
-    const uint32_t K = wt != NULL || wtf != NULL ? r->pwt.C : 0, taps = (uint32_t)r->dwg.KH * r->dwg.KW;
+    const uint32_t P = r->dwg.H * r->dwg.W, OP = r->dwg.OH * r->dwg.OW, C = r->C, E = r->E;
+    const uint32_t K = r->K, taps = (uint32_t)r->dwg.KH * r->dwg.KW;
+    mt_conv_geom_t pw, pwt;
+    pw_geom(C, &r->dwg, &pw);
+    pw_geom(K, &r->dwg, &pwt);
     memset(m, 0, E * P / 8u + ((E * P) % 8u != 0u));
     if (w2 != NULL) {   /* z starts at its bias; each channel of y adds its terms */
         memset(m2, 0, E * OP / 8u + ((E * OP) % 8u != 0u));
@@ -251,13 +254,13 @@ static int pwdw_run(mt_ctx_t *ctx, const void *rec) {
          * the weight trained whole from the bias (CONV2D[_W8]) */
         const float *bc = b != NULL ? b + c : NULL;
         if (w != NULL) {
-            mt_conv_forward_w8(&r->pw, x, w + (size_t)c * C, ws + c, bc, NULL, s);
+            mt_conv_forward_w8(&pw, x, w + (size_t)c * C, ws + c, bc, NULL, s);
         }
         if (wt != NULL) {
-            mt_conv_forward_w8(&r->pwt, xg, wt + (size_t)c * K, MT_F32(ctx, r->wts) + c, w != NULL ? NULL : bc,
+            mt_conv_forward_w8(&pwt, xg, wt + (size_t)c * K, MT_F32(ctx, r->wts) + c, w != NULL ? NULL : bc,
                 w != NULL ? s : NULL, s);
         } else if (wtf != NULL) {
-            mt_conv_forward_f32(&r->pwt, xg, wtf + (size_t)c * K, w != NULL ? NULL : bc, w != NULL ? s : NULL, s);
+            mt_conv_forward_f32(&pwt, xg, wtf + (size_t)c * K, w != NULL ? NULL : bc, w != NULL ? s : NULL, s);
         }
         for (uint32_t i = 0; i < P; i++) {
             s[i] = clip_bit(s[i], r->lo, r->hi, m, c * P + i);
