@@ -149,9 +149,9 @@ def int8_net(seed=7):
                           "fc2.weight": w(3, 6), "fc2.bias": w(3)}, [1, 1, 6, 6], [1, 3], "int8_net")
 
 
-def int8_block(seed=9):
+def int8_block(seed=9, proj=3):
     """An inverted residual: 1x1 expansion-ReLU6, 3x3 stride-2 depthwise-ReLU6 (the int8 lowering
-    streams the two as PWDW_Q8), 1x1 projection, global average pooling, Gemm."""
+    streams the two as PWDW_Q8), 1x1 projection to proj channels, global average pooling, Gemm."""
     rng = np.random.default_rng(seed)
     w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
     n = helper.make_node
@@ -164,8 +164,8 @@ def int8_block(seed=9):
              n("Flatten", ["g"], ["f"], name="flat"),
              n("Gemm", ["f", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
     return _model(nodes, {"pw1.weight": w(6, 2, 1, 1), "pw1.bias": w(6), "dw.weight": w(6, 1, 3, 3), "dw.bias": w(6),
-                          "pw2.weight": w(3, 6, 1, 1), "pw2.bias": w(3), "lo": np.float32(0), "hi": np.float32(6),
-                          "fc.weight": w(2, 3), "fc.bias": w(2)}, [1, 2, 5, 7], [1, 2], "int8_block")
+                          "pw2.weight": w(proj, 6, 1, 1), "pw2.bias": w(proj), "lo": np.float32(0),
+                          "hi": np.float32(6), "fc.weight": w(2, proj), "fc.bias": w(2)}, [1, 2, 5, 7], [1, 2], "int8_block")
 
 
 def int8_two_blocks(seed=11):
@@ -234,6 +234,11 @@ def int8_seeds(c):
         "int8_piped_blocks": c(int8_two_blocks(), update="last-layer", lr=0.05, quantize="int8", input_dtype="uint8",
                                input_quant=(1 / 255, 0),
                                calibration=np.random.default_rng(3).uniform(0, 1, (16, 3, 24, 16)).astype("f4")),
+        # the int8 prefix's last tensor read by the projection (its bias training) a channel at a time
+        # (dq_conv.py: CONV2D_DQ_W8; 8 outputs from 6 channels, so not CONV2D_PW_INPLACE_W8 instead)
+        "int8_block_dq_projection": c(int8_block(proj=8), update=["pw2.bias", "fc.weight", "fc.bias"], lr=0.05, momentum=0.9,
+                                      quantize="int8", frozen_weights="int8",
+                                      calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
         # unfused, the int8 depthwise conv runs over its input (CONV2D_Q8_DW_INPLACE)
         "int8_depthwise_in_place": c(mbconv(), update="last-layer", lr=0.05, quantize="int8", int8_fuse=False,
                                      calibration=np.random.default_rng(2).normal(0, 1, (16, 2, 6, 6)).astype("f4")),

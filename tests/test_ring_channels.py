@@ -66,18 +66,8 @@ def test_one_channel_rings_are_the_all_channel_plan(tmp_path, second, exporter):
     assert chan.report()["arena_bytes"] < plain.report()["arena_bytes"]
     assert chan.report()["macs_per_step"] > plain.report()["macs_per_step"]
     rng = np.random.default_rng(2)
-    xs, ys = rng.integers(0, 256, (30,) + SHAPE[1:]).astype(np.uint8), rng.integers(0, 10, 30)
-    got = []
-    for plan in (chan, plain):
-        sim = microtrain.Simulator(plan)
-        outs = [sim.predict(x) for x in xs[:5]]
-        losses = [sim.step(x, y) for x, y in zip(xs, ys)]
-        got.append((outs, losses, sim.params()))
-    for a, b in zip(got[0][0], got[1][0]):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(got[0][1], got[1][1])
-    for name in got[1][2]:
-        np.testing.assert_array_equal(got[0][2][name], got[1][2][name], err_msg=name)
+    assert_trains_alike(chan, plain, xs=rng.integers(0, 256, (30,) + SHAPE[1:]).astype(np.uint8),
+                        ys=rng.integers(0, 10, 30), predict=5)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""MIT's MCUNet-5fps compiled as benchmarks/tte.py does, and two of its plans trained side by side
-(tests/test_recompute.py, tests/test_ring_channels.py)."""
+"""MIT's models compiled as benchmarks/tte.py does, and two of their plans trained side by side
+(tests/test_recompute.py, tests/test_ring_channels.py, tests/test_dq_conv.py)."""
 from __future__ import annotations
 
 import os
@@ -12,8 +12,13 @@ import microtrain
 
 
 def mcunet(scheme):
-    """(ONNX path, compile options) of MCUNet-5fps with one of its schemes: int8 prefix with 8
-    calibration crops, uint8 input, saved bits, frozen and trained weights int8, momentum 0.9.
+    """tte() of MCUNet-5fps."""
+    return tte("mcunet-5fps", scheme)
+
+
+def tte(model, scheme):
+    """(ONNX path, compile options) of one of MIT's models with one of its schemes: int8 prefix with
+    8 calibration crops, uint8 input, saved bits, frozen and trained weights int8, momentum 0.9.
     Skips where the MIT models are not on the machine."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     try:
@@ -24,22 +29,28 @@ def mcunet(scheme):
     d = tte_dir()
     if d is None:
         pytest.skip("the MIT models are not on this machine (benchmarks/bench_models.py)")
-    return os.path.join(d, "mcunet-5fps.onnx"), dict(
-        update=os.path.join(d, "mcunet-5fps.schemes.json"), scheme=scheme, saved="bits", frozen_weights="int8",
+    return os.path.join(d, model + ".onnx"), dict(
+        update=os.path.join(d, model + ".schemes.json"), scheme=scheme, saved="bits", frozen_weights="int8",
         trained_weights="int8", momentum=0.9, **int8_options(samples(8, 128)))
 
 
-def assert_trains_alike(a, b, steps=2):
-    """Plans a and b: the same losses over `steps` steps of random uint8 images, then the same
-    outputs and parameters, bit for bit."""
-    xs = np.random.default_rng(5).integers(0, 256, (steps, 1, 3, 128, 128)).astype(np.uint8)
+def assert_trains_alike(a, b, steps=2, xs=None, ys=None, predict=1):
+    """Plans a and b: the same outputs for the first `predict` inputs, then the same losses over the
+    steps (xs and labels ys; by default `steps` random uint8 images labelled i % 10), then the same
+    parameters, bit for bit. Returns b's parameters after the steps."""
+    if xs is None:
+        xs = np.random.default_rng(5).integers(0, 256, (steps, 1, 3, 128, 128)).astype(np.uint8)
+        ys = [i % 10 for i in range(steps)]
     got = []
     for plan in (a, b):
         sim = microtrain.Simulator(plan)
-        losses = [sim.step(x, i % 10) for i, x in enumerate(xs)]
-        got.append((losses, sim.predict(xs[0]), sim.params()))
-    np.testing.assert_array_equal(got[0][0], got[1][0])
+        outs = [sim.predict(x) for x in xs[:predict]]
+        losses = [sim.step(x, y) for x, y in zip(xs, ys)]
+        got.append((outs, losses, sim.params()))
+    for u, v in zip(got[0][0], got[1][0]):
+        np.testing.assert_array_equal(u, v)
     np.testing.assert_array_equal(got[0][1], got[1][1])
     assert got[0][2].keys() == got[1][2].keys()
     for name in got[1][2]:
         np.testing.assert_array_equal(got[0][2][name], got[1][2][name], err_msg=name)
+    return got[1][2]

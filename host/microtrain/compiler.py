@@ -5,6 +5,7 @@ import math
 
 from . import __version__
 from . import format as F
+from .dq_conv import fuse_dequantize_conv
 from .dw_stream import stream_blocks
 from .recompute import replay_saved
 from .ring_channels import one_channel_rings, prune
@@ -106,6 +107,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     (max |w| / 127), a quarter of its flash; the layer computes in float32 on the dequantized weight
     float32(q) * scale, so gradients are those of the model with those weights (w8.py). It needs no
     calibration and works with or without quantize="int8"; the plan's meta["w8"] lists the weights.
+    With it, a frozen conv that alone reads the int8 prefix's dequantized output reads the int8
+    tensor instead, a few channels dequantized at a time, with the same bits (dq_conv.py).
     trained_weights: "int8" stores every trainable conv/Gemm weight as int8 codes with one float
     scale per output channel (max|w| / 127 of its initial values) and updates the codes with the
     float gradient, rounded to nearest (q8state.py, docs/sparse.md); biases stay float32.
@@ -233,6 +236,11 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         if streamed:
             graph.notes.append("dw_stream: %d inverted-residual blocks run a channel at a time, forward and "
                                "backward (their depthwise convs: %s)" % (len(streamed), ", ".join(streamed)))
+        # an int8 prefix's last tensor read by its float conv a few channels at a time (dq_conv.py)
+        ops, dq = fuse_dequantize_conv(tensors, ops)
+        if dq:
+            graph.notes.append("dq_conv: %s read%s its int8 input a few channels at a time, never dequantized whole"
+                               % (", ".join(dq), "s" if len(dq) == 1 else ""))
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
         raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
                          "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")

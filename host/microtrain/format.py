@@ -314,6 +314,10 @@ OPS = (
     OpSpec("CONV2D_DW_INPLACE_W8", 62, _s("x w:I8 b? s:out y:out"), CONV_ATTRS, inplace=(("y", "x"),)),
     OpSpec("CONV2D_BWD_INPUT_W8", 63, _s("dy w:I8 dx:out"), CONV_ATTRS),
     OpSpec("CONV2D_BWD_INPUT_DW_INPLACE_W8", 64, _s("dy w:I8 s:out dx:out"), CONV_ATTRS, inplace=(("dx", "dy"),)),
+    # DEQUANTIZE then CONV2D_W8 (groups 1) without the float input whole (dq_conv.py): x's channels
+    # dequantized K at a time into xs (K planes, as DEQUANTIZE), each output summed on from where the
+    # last K stopped: y is CONV2D_W8's bit for bit, whatever K
+    OpSpec("CONV2D_DQ_W8", 76, _s("x:I8 w:I8 b? y:out xs:out"), CONV_ATTRS),
     # the trained input channels of a split weight held int8 (compile(trained_weights="int8")): y = acc +
     # conv(x, W'), CONV2D_ACC on the dequantized weight, bit for bit
     OpSpec("CONV2D_ACC_W8", 66, _s("x w:I8 acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),

@@ -1,0 +1,68 @@
+"""An int8 prefix's last tensor into its first float conv without its float copy whole (CONV2D_DQ_W8).
+
+Where the frozen int8 prefix ends, its last int8 tensor is dequantized whole (DEQUANTIZE: 4x its
+bytes) for the first float layer. Where that float tensor is read by one CONV2D_W8 of groups 1
+and by nothing else (no backward reads it: that conv's weight is frozen), the pair becomes
+CONV2D_DQ_W8, which dequantizes K input channels at a time into K float planes and sums them on
+into the output (mt_conv.c). Each output adds its terms channel after channel, so the output is
+CONV2D_W8's bit for bit whatever K. K: the planes fill at most a quarter of the int8 tensor's
+bytes (DQ_SHARE), at least one plane, at most the W8 kernel's weight chunk (fewer calls).
+MbV2-w0.35 138kb: blocks.5's depthwise output was 96 KB as float beside its 24 KB int8 self.
+"""
+from __future__ import annotations
+
+from . import format as F
+from .training import TOp, TTensor
+from .w8 import MAX_TAPS
+
+DQ_SHARE = 4   # the float planes at most 1/4 of the int8 input's bytes
+
+
+def planes(x_shape, w_shape, attrs):
+    """K, the input channels dequantized at a time (module docstring)."""
+    C = x_shape[1]
+    taps = w_shape[2] * w_shape[3]
+    a = dict(zip(F.OPS_BY_NAME["CONV2D_DQ_W8"].attrs, attrs))
+    pointwise = taps == 1 and a["stride_h"] == a["stride_w"] == 1 and a["pad_t"] == a["pad_l"] == 0 \
+        and a["pad_b"] == a["pad_r"] == 0
+    chunk = MAX_TAPS // ((2 if pointwise else 1) * taps)
+    return max(1, min(C, chunk, C // (DQ_SHARE * 4)))   # K*H*W floats <= C*H*W int8 bytes / DQ_SHARE
+
+
+def fuse_dequantize_conv(tensors, ops):
+    """ops with each DEQUANTIZE whose output only one groups-1 CONV2D_W8 reads fused into it
+    (CONV2D_DQ_W8); appends the scratch planes to tensors. Returns (ops, the fused convs' sources)."""
+    touched = {}
+    for k, o in enumerate(ops):
+        for t in o.slots:
+            if t is not None:
+                touched.setdefault(t, set()).add(k)
+    viewed = {t.view_of for t in tensors if t.view_of is not None}
+    drop, fused = set(), []
+    ops = list(ops)
+    for k, d in enumerate(ops):
+        if d.name != "DEQUANTIZE":
+            continue
+        xq, xf = d.slots
+        users = touched.get(xf, set()) - {k}
+        if len(users) != 1 or xf in viewed or tensors[xf].flags or tensors[xf].view_of is not None:
+            continue
+        c = next(iter(users))
+        conv = ops[c]
+        a = dict(zip(conv.spec.attrs, conv.attrs))
+        if conv.name != "CONV2D_W8" or c < k or conv.slots[0] != xf or conv.slots.count(xf) != 1 \
+                or a["groups"] != 1 or conv.phase != d.phase:
+            continue
+        # the int8 tensor is read at the conv now: nothing may write it (or its memory) between
+        mem = {xq, tensors[xq].view_of} - {None}
+        if any(tensors[t].view_of in mem or t in mem
+               for o in ops[k + 1:c] for s, t in zip(o.spec.slots, o.slots) if t is not None and s.role != "in"):
+            continue
+        x, w = tensors[xq], tensors[conv.slots[1]]
+        K = planes(x.shape, w.shape, conv.attrs)
+        tensors.append(TTensor(tensors[xf].name + "@planes", (K, x.shape[2], x.shape[3])))
+        ops[c] = TOp("CONV2D_DQ_W8", conv.phase, [xq] + conv.slots[1:] + [len(tensors) - 1], list(conv.attrs),
+                     conv.source, conv.macs)
+        drop.add(k)
+        fused.append(conv.source)
+    return [o for k, o in enumerate(ops) if k not in drop], fused

@@ -1,0 +1,137 @@
+"""An int8 prefix's last tensor read by its first float conv a few channels at a time (dq_conv.py,
+CONV2D_DQ_W8 in mt_conv.c).
+
+int8_models.Block (stem, 1x1 expansion, depthwise 3x3, 1x1 projection, head; both exporters)
+int8 up to the depthwise output, the projection's bias and the head training, frozen weights int8:
+* the DEQUANTIZE and the projection's CONV2D_W8 become one CONV2D_DQ_W8; outputs, losses and
+  parameters after 20 steps with momentum are the unfused plan's bit for bit, with 1, 5 (not a
+  divisor of the 24 channels) and all 24 channels dequantized at a time; the arena is smaller
+  (but with all 24);
+* nothing is fused where the backward reads the float input (the projection's int8 weight trains);
+  nor where the int8 tensor is written between the DEQUANTIZE and the conv;
+* planes that are not whole planes of x, or more planes than x has channels, are refused at load;
+* MbV2-w0.35's 138kb scheme (MIT's model) trains 2 steps bit for bit as unfused, its arena
+  without blocks.5's 96 KB float copy.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import int8_models as M
+import microtrain
+from microtrain import dq_conv, format as F
+from microtrain.native import Core, PlanError
+from test_pwdw_q8 import _patched
+from tte_parity import assert_trains_alike, tte
+
+SHAPE = (1, 3, 12, 12)
+XS = F.OPS_BY_NAME["CONV2D_DQ_W8"].slot_index("xs")
+
+
+def _unfused(m):
+    m.setattr(microtrain.compiler, "fuse_dequantize_conv", lambda tensors, ops: (ops, []))
+
+
+def block_plans(tmp_path, exporter, planes=None, train_weight=False, trained_weights="float32"):
+    """(fused, unfused) plans of the Block, its projection's bias (and weight) and the head trained."""
+    src = M.export(M.Block(cin=3, width=8, expand=24), str(tmp_path / ("block-%s.onnx" % exporter)), exporter,
+                   shape=SHAPE)
+    rng = np.random.default_rng(1)
+    kw = dict(quantize="int8", input_dtype="uint8", input_quant=(1 / 255, 0), frozen_weights="int8", lr=0.05,
+              momentum=0.9, trained_weights=trained_weights,
+              calibration=rng.uniform(0, 1, (16,) + SHAPE[1:]).astype(np.float32))
+    layers = microtrain.compile(src, update="last-layer").meta["layers"]   # every layer (float plan)
+    proj, head = layers[-2], layers[-1]
+    update = [proj["bias"], head["weight"], head["bias"]] + ([proj["weight"]] if train_weight else [])
+    with pytest.MonkeyPatch.context() as m:
+        if planes is not None:
+            m.setattr(dq_conv, "planes", lambda *a: planes)
+        fused = microtrain.compile(src, update=update, **kw)
+        _unfused(m)
+        plain = microtrain.compile(src, update=update, **kw)
+    return fused, plain
+
+
+def names(plan):
+    return [o["op"] for o in plan.ops]
+
+
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+@pytest.mark.parametrize("planes", [None, 1, 5, 24])
+def test_fused_plan_is_the_unfused_plan(tmp_path, exporter, planes):
+    fused, plain = block_plans(tmp_path, exporter, planes)
+    assert "CONV2D_DQ_W8" in names(fused) and "CONV2D_DQ_W8" not in names(plain)
+    assert names(fused).count("DEQUANTIZE") == names(plain).count("DEQUANTIZE") - 1
+    assert any(n.startswith("dq_conv: ") for n in fused.meta["notes"])
+    op = next(o for o in fused.ops if o["op"] == "CONV2D_DQ_W8")
+    x, xs = fused.tensors[op["slots"][0]], fused.tensors[op["slots"][XS]]
+    assert x["dtype"] == "I8" and xs["shape"][1:] == x["shape"][2:]
+    assert xs["shape"][0] == (planes or dq_conv.planes(x["shape"], fused.tensors[op["slots"][1]]["shape"],
+                                                       op["attrs"]))
+    if planes != 24:   # all the planes at once: the float copy again, beside its int8 self
+        assert fused.report()["arena_bytes"] < plain.report()["arena_bytes"]
+    rng = np.random.default_rng(2)
+    trained = assert_trains_alike(fused, plain, xs=rng.integers(0, 256, (20,) + SHAPE[1:]).astype(np.uint8),
+                                  ys=rng.integers(0, 10, 20), predict=5)
+    # the training moved what it trains
+    init = microtrain.Simulator(fused).params()
+    assert all(not np.array_equal(init[n], trained[n]) for n in init)
+
+
+def test_not_fused_where_the_backward_reads_the_float_input(tmp_path):
+    """The projection's weight trains, held int8 (so its forward is a CONV2D_W8): its weight gradient
+    reads the float input (made again in the backward, recompute.py)."""
+    fused, plain = block_plans(tmp_path, "ts", train_weight=True, trained_weights="int8")
+    assert "CONV2D_W8" in names(fused) and "CONV2D_BWD_WEIGHT" in names(fused)
+    assert "CONV2D_DQ_W8" not in names(fused)
+    assert fused.data == plain.data
+
+
+@pytest.fixture(scope="module")
+def dq_plan(tmp_path_factory):
+    return block_plans(tmp_path_factory.mktemp("dq"), "ts")[0]
+
+
+@pytest.mark.parametrize("what", ["not whole planes", "more planes than channels"])
+def test_planes_of_the_wrong_size_are_refused(dq_plan, what):
+    """The planes moved to fresh memory at the arena's end, so that the size check, not the overlap
+    check, is what refuses them."""
+    k = names(dq_plan).index("CONV2D_DQ_W8")
+    op = dq_plan.ops[k]
+    i, C = op["slots"][XS], dq_plan.tensors[op["slots"][0]]["shape"][1]
+    K, H, W = dq_plan.tensors[i]["shape"]
+    end = dq_plan.header["arena_bytes"]
+    grown = dict(arena_bytes=end + -(-4 * (C + 1) * H * (W + 1) // F.ALIGN) * F.ALIGN)
+    Core(_patched(dq_plan.data, i, grown, offset=end))   # the right size there loads
+    dims = dict(dim2=W + 1) if what == "not whole planes" else dict(dim0=C + 1)
+    shape = (dims.get("dim0", K), H, dims.get("dim2", W))
+    bad = _patched(dq_plan.data, i, grown, bytes=4 * int(np.prod(shape)), offset=end, **dims)
+    with pytest.raises(PlanError, match=r"tensor shapes do not fit the op \(op %d\)" % k):
+        Core(bad)
+
+
+def test_mbv2_138kb_trains_as_unfused():
+    path, kw = tte("mbv2-w0.35", "138kb")
+    fused = microtrain.compile(path, **kw)
+    with pytest.MonkeyPatch.context() as m:
+        _unfused(m)
+        plain = microtrain.compile(path, **kw)
+    assert names(fused).count("CONV2D_DQ_W8") >= 1
+    # blocks.5's depthwise output was dequantized whole: 96 KB
+    assert plain.report()["arena_bytes"] - fused.report()["arena_bytes"] > 48 * 1024
+    assert_trains_alike(fused, plain)
+
+
+def test_not_fused_where_the_int8_input_is_written_before_the_conv():
+    """The fused op reads the int8 tensor where the conv was: a write between the two would change
+    what it reads (the ops as the compiler holds them, made up: no model gives this order)."""
+    from microtrain.training import TOp, TTensor
+    t = [TTensor("xq", (1, 4, 3, 3), "I8"), TTensor("xf", (1, 4, 3, 3)), TTensor("w", (2, 4, 1, 1), "I8", "CONST"),
+         TTensor("y", (1, 2, 3, 3)), TTensor("z", (1, 4, 3, 3))]
+    conv = TOp("CONV2D_W8", "FORWARD", [1, 2, None, 3], [1, 1, 0, 0, 0, 0, 1, 1, 1])
+    deq, over = TOp("DEQUANTIZE", "FORWARD", [0, 1]), TOp("QUANTIZE", "FORWARD", [4, 0])
+    ops, fused = dq_conv.fuse_dequantize_conv(list(t), [deq, conv])
+    assert [o.name for o in ops] == ["CONV2D_DQ_W8"] and fused == [""]
+    ops, fused = dq_conv.fuse_dequantize_conv(list(t), [deq, over, conv])
+    assert [o.name for o in ops] == ["DEQUANTIZE", "QUANTIZE", "CONV2D_W8"] and fused == []
