@@ -10,8 +10,8 @@ the trainable state (parameters and optimizer state), the runtime context, peak 
 what Trainer() allocates on the board), MIT's analytic estimate and MIT's measured peak for the
 model (NeurIPS 2022 Fig. 10, STM32F746, sparse update + operator reordering), a lower bound
 for any engine (the input image plus MIT's own count of the scheme's trained weights and
-biases: what must sit in RAM together, whatever the engine does with the rest; marked ! where it
-is over MIT's figure, a row no engine can bring below it), the plan's flash
+biases, in RAM together in any engine that keeps them there as MIT's does, whatever it does with
+the rest; marked ! where it is over MIT's figure: no such engine can bring that row below it), the plan's flash
 bytes (the whole plan, constants included: what a board keeps in flash), the op at the arena's peak and the largest tensors alive there, and the host simulator's time per training step
 (the same C as the board; a shared machine's figure, for comparing plans run together). With --momentum 0.9 the state column shows
 the momentum of channel-sparse weights held for their trained channels only.

@@ -87,9 +87,8 @@ static uint32_t scales_of(const mt_ctx_t *ctx, const mt_tensor_t *w) {
     return s;
 }
 
-/* the 1x1 geometry of one output channel over `in`, and the depthwise one of one channel */
-/* a 1x1 conv of C channels over an H x W plane, one output channel: built at run time from the
- * depthwise geometry's plane, so a record holds one geometry (52 B) instead of three */
+/* the 1x1 geometry of one output channel over C channels of the depthwise conv's plane: built at
+ * run time, so a record holds one geometry (52 B) instead of three */
 static void pw_geom(uint32_t C, const mt_conv_geom_t *dwg, mt_conv_geom_t *g) {
     memset(g, 0, sizeof *g);
     g->C = g->Cg = C;
@@ -99,6 +98,7 @@ static void pw_geom(uint32_t C, const mt_conv_geom_t *dwg, mt_conv_geom_t *g) {
     g->KH = g->KW = g->sh = g->sw = g->dh = g->dw = 1;
 }
 
+/* the depthwise geometry of one channel */
 static void dw_geom(const int32_t *a, const mt_tensor_t *e, const mt_tensor_t *dw, const mt_tensor_t *y,
     mt_conv_geom_t *g) {
     mt_conv_prepare_geom(a, e, dw, y, g);
