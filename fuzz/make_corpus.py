@@ -239,6 +239,10 @@ def int8_seeds(c):
         "int8_block_dq_projection": c(int8_block(proj=8), update=["pw2.bias", "fc.weight", "fc.bias"], lr=0.05, momentum=0.9,
                                       quantize="int8", frozen_weights="int8",
                                       calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
+        # and with its weight float32 (CONV2D_DQ)
+        "int8_block_dq_projection_f32": c(int8_block(proj=8), update=["pw2.bias", "fc.weight", "fc.bias"], lr=0.05,
+                                          quantize="int8", calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7))
+                                          .astype("f4")),
         # unfused, the int8 depthwise conv runs over its input (CONV2D_Q8_DW_INPLACE)
         "int8_depthwise_in_place": c(mbconv(), update="last-layer", lr=0.05, quantize="int8", int8_fuse=False,
                                      calibration=np.random.default_rng(2).normal(0, 1, (16, 2, 6, 6)).astype("f4")),

@@ -1,12 +1,12 @@
 """An int8 prefix's last tensor read by its first float conv a few channels at a time (dq_conv.py,
-CONV2D_DQ_W8 in mt_conv.c).
+CONV2D_DQ_W8 and CONV2D_DQ in mt_conv.c).
 
 int8_models.Block (stem, 1x1 expansion, depthwise 3x3, 1x1 projection, head; both exporters)
-int8 up to the depthwise output, the projection's bias and the head training, frozen weights int8:
-* the DEQUANTIZE and the projection's CONV2D_W8 become one CONV2D_DQ_W8; outputs, losses and
-  parameters after 20 steps with momentum are the unfused plan's bit for bit, with 1, 5 (not a
-  divisor of the 24 channels) and all 24 channels dequantized at a time; the arena is smaller
-  (but with all 24);
+int8 up to the depthwise output, the projection's bias and the head training:
+* the DEQUANTIZE and the projection's CONV2D_W8 (frozen weights int8) become one CONV2D_DQ_W8, or
+  with its CONV2D (float32) one CONV2D_DQ; outputs, losses and parameters after 20 steps with
+  momentum are the unfused plan's bit for bit, with 1, 5 (not a divisor of the 24 channels) and
+  all 24 channels dequantized at a time; the arena is smaller (but with all 24);
 * nothing is fused where the backward reads the float input (the projection's int8 weight trains);
   nor where the int8 tensor is written between the DEQUANTIZE and the conv;
 * planes that are not whole planes of x, or more planes than x has channels, are refused at load;
@@ -33,12 +33,12 @@ def _unfused(m):
     m.setattr(microtrain.compiler, "fuse_dequantize_conv", lambda tensors, ops: (ops, []))
 
 
-def block_plans(tmp_path, exporter, planes=None, train_weight=False, trained_weights="float32"):
+def block_plans(tmp_path, exporter, planes=None, train_weight=False, trained_weights="float32", frozen_weights="int8"):
     """(fused, unfused) plans of the Block, its projection's bias (and weight) and the head trained."""
     src = M.export(M.Block(cin=3, width=8, expand=24), str(tmp_path / ("block-%s.onnx" % exporter)), exporter,
                    shape=SHAPE)
     rng = np.random.default_rng(1)
-    kw = dict(quantize="int8", input_dtype="uint8", input_quant=(1 / 255, 0), frozen_weights="int8", lr=0.05,
+    kw = dict(quantize="int8", input_dtype="uint8", input_quant=(1 / 255, 0), frozen_weights=frozen_weights, lr=0.05,
               momentum=0.9, trained_weights=trained_weights,
               calibration=rng.uniform(0, 1, (16,) + SHAPE[1:]).astype(np.float32))
     layers = microtrain.compile(src, update="last-layer").meta["layers"]   # every layer (float plan)
@@ -58,13 +58,15 @@ def names(plan):
 
 
 @pytest.mark.parametrize("exporter", ["ts", "dynamo"])
-@pytest.mark.parametrize("planes", [None, 1, 5, 24])
-def test_fused_plan_is_the_unfused_plan(tmp_path, exporter, planes):
-    fused, plain = block_plans(tmp_path, exporter, planes)
-    assert "CONV2D_DQ_W8" in names(fused) and "CONV2D_DQ_W8" not in names(plain)
+@pytest.mark.parametrize("planes,frozen", [(None, "int8"), (1, "int8"), (5, "int8"), (24, "int8"),
+                                           (None, "float32"), (5, "float32")])
+def test_fused_plan_is_the_unfused_plan(tmp_path, exporter, planes, frozen):
+    fused, plain = block_plans(tmp_path, exporter, planes, frozen_weights=frozen)
+    op_name = "CONV2D_DQ_W8" if frozen == "int8" else "CONV2D_DQ"
+    assert op_name in names(fused) and op_name not in names(plain)
     assert names(fused).count("DEQUANTIZE") == names(plain).count("DEQUANTIZE") - 1
     assert any(n.startswith("dq_conv: ") for n in fused.meta["notes"])
-    op = next(o for o in fused.ops if o["op"] == "CONV2D_DQ_W8")
+    op = next(o for o in fused.ops if o["op"] == op_name)
     x, xs = fused.tensors[op["slots"][0]], fused.tensors[op["slots"][XS]]
     assert x["dtype"] == "I8" and xs["shape"][1:] == x["shape"][2:]
     assert xs["shape"][0] == (planes or dq_conv.planes(x["shape"], fused.tensors[op["slots"][1]]["shape"],

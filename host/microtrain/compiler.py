@@ -107,7 +107,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     (max |w| / 127), a quarter of its flash; the layer computes in float32 on the dequantized weight
     float32(q) * scale, so gradients are those of the model with those weights (w8.py). It needs no
     calibration and works with or without quantize="int8"; the plan's meta["w8"] lists the weights.
-    With it, a frozen conv that alone reads the int8 prefix's dequantized output reads the int8
+    Either way, a frozen conv that alone reads the int8 prefix's dequantized output reads the int8
     tensor instead, a few channels dequantized at a time, with the same bits (dq_conv.py).
     trained_weights: "int8" stores every trainable conv/Gemm weight as int8 codes with one float
     scale per output channel (max|w| / 127 of its initial values) and updates the codes with the

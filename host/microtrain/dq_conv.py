@@ -1,11 +1,12 @@
-"""An int8 prefix's last tensor into its first float conv without its float copy whole (CONV2D_DQ_W8).
+"""An int8 prefix's last tensor into its first float conv without its float copy whole (CONV2D_DQ_W8,
+CONV2D_DQ).
 
 Where the frozen int8 prefix ends, its last int8 tensor is dequantized whole (DEQUANTIZE: 4x its
-bytes) for the first float layer. Where that float tensor is read by one CONV2D_W8 of groups 1
-and by nothing else (no backward reads it: that conv's weight is frozen), the pair becomes
-CONV2D_DQ_W8, which dequantizes K input channels at a time into K float planes and sums them on
-into the output (mt_conv.c). Each output adds its terms channel after channel, so the output is
-CONV2D_W8's bit for bit whatever K. K: the planes fill at most a quarter of the int8 tensor's
+bytes) for the first float layer. Where that float tensor is read by one conv of groups 1 with a
+frozen weight (CONV2D_W8, or CONV2D with frozen_weights="float32") and by nothing else (no
+backward reads it), the pair becomes CONV2D_DQ_W8 or CONV2D_DQ, which dequantizes K input
+channels at a time into K float planes and sums them on into the output (mt_conv.c). Each output
+adds its terms channel after channel, so the output is the pair's bit for bit whatever K. K: the planes fill at most a quarter of the int8 tensor's
 bytes (DQ_SHARE), at least one plane, at most the W8 kernel's weight chunk (fewer calls).
 MbV2-w0.35 138kb: blocks.5's depthwise output was 96 KB as float beside its 24 KB int8 self.
 """
@@ -16,6 +17,7 @@ from .training import TOp, TTensor
 from .w8 import MAX_TAPS
 
 DQ_SHARE = 4   # the float planes at most 1/4 of the int8 input's bytes
+DQ_FORM = {"CONV2D_W8": "CONV2D_DQ_W8", "CONV2D": "CONV2D_DQ"}   # same attributes; x int8, planes xs last
 
 
 def planes(x_shape, w_shape, attrs):
@@ -30,8 +32,9 @@ def planes(x_shape, w_shape, attrs):
 
 
 def fuse_dequantize_conv(tensors, ops):
-    """ops with each DEQUANTIZE whose output only one groups-1 CONV2D_W8 reads fused into it
-    (CONV2D_DQ_W8); appends the scratch planes to tensors. Returns (ops, the fused convs' sources)."""
+    """ops with each DEQUANTIZE whose output only one groups-1 CONV2D_W8 or CONV2D with a constant
+    weight reads fused into it (DQ_FORM); appends the scratch planes to tensors. Returns (ops, the
+    fused convs' sources)."""
     touched = {}
     for k, o in enumerate(ops):
         for t in o.slots:
@@ -50,18 +53,19 @@ def fuse_dequantize_conv(tensors, ops):
         c = next(iter(users))
         conv = ops[c]
         a = dict(zip(conv.spec.attrs, conv.attrs))
-        if conv.name != "CONV2D_W8" or c < k or conv.slots[0] != xf or conv.slots.count(xf) != 1 \
-                or a["groups"] != 1 or conv.phase != d.phase:
+        w = tensors[conv.slots[1]] if conv.name in DQ_FORM else None
+        if w is None or w.storage != "CONST" or len(w.shape) != 4 or w.shape[2] * w.shape[3] > MAX_TAPS or c < k \
+                or conv.slots[0] != xf or conv.slots.count(xf) != 1 or a["groups"] != 1 or conv.phase != d.phase:
             continue
         # the int8 tensor is read at the conv now: nothing may write it (or its memory) between
         mem = {xq, tensors[xq].view_of} - {None}
         if any(tensors[t].view_of in mem or t in mem
                for o in ops[k + 1:c] for s, t in zip(o.spec.slots, o.slots) if t is not None and s.role != "in"):
             continue
-        x, w = tensors[xq], tensors[conv.slots[1]]
+        x = tensors[xq]
         K = planes(x.shape, w.shape, conv.attrs)
         tensors.append(TTensor(tensors[xf].name + "@planes", (K, x.shape[2], x.shape[3])))
-        ops[c] = TOp("CONV2D_DQ_W8", conv.phase, [xq] + conv.slots[1:] + [len(tensors) - 1], list(conv.attrs),
+        ops[c] = TOp(DQ_FORM[conv.name], conv.phase, [xq] + conv.slots[1:] + [len(tensors) - 1], list(conv.attrs),
                      conv.source, conv.macs)
         drop.add(k)
         fused.append(conv.source)

@@ -318,6 +318,8 @@ OPS = (
     # dequantized K at a time into xs (K planes, as DEQUANTIZE), each output summed on from where the
     # last K stopped: y is CONV2D_W8's bit for bit, whatever K
     OpSpec("CONV2D_DQ_W8", 76, _s("x:I8 w:I8 b? y:out xs:out"), CONV_ATTRS),
+    # the same with a float32 frozen weight (compile's default frozen_weights): DEQUANTIZE then CONV2D
+    OpSpec("CONV2D_DQ", 77, _s("x:I8 w b? y:out xs:out"), CONV_ATTRS),
     # the trained input channels of a split weight held int8 (compile(trained_weights="int8")): y = acc +
     # conv(x, W'), CONV2D_ACC on the dequantized weight, bit for bit
     OpSpec("CONV2D_ACC_W8", 66, _s("x w:I8 acc y:out"), CONV_ATTRS, inplace=(("y", "acc"),)),

@@ -1124,12 +1124,15 @@ static int w8_weight_ok(const mt_ctx_t *ctx, const mt_tensor_t *w, uint32_t *sca
     return 1;
 }
 
-/* conv_forward on the dequantized weight over each group's input channels [c_lo, c_hi), x at the
- * first group's channel c_lo: from c_lo = 0 y = b + conv(x, W') (or acc + ...), else y summed on.
- * Each output adds its terms channel after channel onto its running value (pw_product, pass_gather),
- * so splitting the channels anywhere gives the whole op's sums bit for bit. */
-static void conv_forward_w8_channels(const conv_geom_t *g, uint8_t kind, const float *x, const int8_t *w,
-    const float *scales, const float *b, const float *acc, float *scratch, float *y, uint32_t c_lo, uint32_t c_hi) {
+/* conv_forward over each group's input channels [c_lo, c_hi), x at the first group's channel c_lo,
+ * on the dequantized weight W' (w int8 with its scales) or on the float weight wf: from c_lo = 0
+ * y = b + conv(x, W') (or acc + ...), else y summed on. The filters go through the stack buffer a
+ * chunk at a time. Each output adds its terms channel after channel onto its running value
+ * (pw_product, pass_gather), so splitting the channels anywhere gives the whole op's sums bit for
+ * bit, the float op's as well (CONV2D_DQ). */
+static void conv_forward_channels(const conv_geom_t *g, uint8_t kind, const float *x, const int8_t *w,
+    const float *wf, const float *scales, const float *b, const float *acc, float *scratch, float *y, uint32_t c_lo,
+    uint32_t c_hi) {
     const size_t plane = (size_t)g->H * g->W, oplane = (size_t)g->OH * g->OW, taps = (size_t)g->KH * g->KW;
     const uint32_t rows = kind == KIND_POINTWISE ? 2 : 1;
     const uint32_t chunk = (uint32_t)(MT_W8_BUF / (rows * taps));
@@ -1142,7 +1145,11 @@ static void conv_forward_w8_channels(const conv_geom_t *g, uint8_t kind, const f
         for (uint32_t c0 = c_lo; c0 < c_hi; c0 += chunk) {
             const uint32_t nc = c_hi - c0 < chunk ? c_hi - c0 : chunk;
             for (uint32_t k = 0; k < nr; k++) {
-                w8_filters(w + ((o + k) * g->Cg + c0) * taps, scales, o + k, nc, taps, buf + k * nc * taps);
+                if (wf != NULL) {
+                    memcpy(buf + k * nc * taps, wf + ((o + k) * g->Cg + c0) * taps, nc * taps * sizeof(float));
+                } else {
+                    w8_filters(w + ((o + k) * g->Cg + c0) * taps, scales, o + k, nc, taps, buf + k * nc * taps);
+                }
             }
             conv_geom_t sub = *g;
             sub.C = sub.Cg = nc;
@@ -1157,7 +1164,7 @@ static void conv_forward_w8_channels(const conv_geom_t *g, uint8_t kind, const f
 /* conv_forward on the dequantized weight: y = b + conv(x, W'), or acc + conv(x, W') */
 static void conv_forward_w8(const conv_geom_t *g, uint8_t kind, const float *x, const int8_t *w, const float *scales,
     const float *b, const float *acc, float *scratch, float *y) {
-    conv_forward_w8_channels(g, kind, x, w, scales, b, acc, scratch, y, 0, g->Cg);
+    conv_forward_channels(g, kind, x, w, NULL, scales, b, acc, scratch, y, 0, g->Cg);
 }
 
 typedef struct {
@@ -1192,53 +1199,68 @@ static int conv_w8_run(mt_ctx_t *ctx, const void *rec) {
 
 const mt_opdef_t mt_op_CONV2D_W8 = {conv_w8_check, conv_w8_prepare, conv_w8_run};
 
-/* ---- CONV2D_DQ_W8: DEQUANTIZE then CONV2D_W8 (groups 1) without the float input whole (dq_conv.py).
- * x's channels are dequantized K at a time into xs (K planes, (x - zp) * scale as DEQUANTIZE) and
- * summed on into y: y is CONV2D_W8's bit for bit, whatever K (conv_forward_w8_channels). The float
- * input of an int8 prefix's last layer is 4x its int8 bytes: MbV2-w0.35 138kb's was 96 KB. ---- */
+/* ---- CONV2D_DQ_W8, CONV2D_DQ: DEQUANTIZE then CONV2D_W8 or CONV2D (groups 1) without the float
+ * input whole (dq_conv.py). x's channels are dequantized K at a time into xs (K planes,
+ * (x - zp) * scale as DEQUANTIZE) and summed on into y: y is the pair's bit for bit, whatever K
+ * (conv_forward_channels). The float input of an int8 prefix's last layer is 4x its int8 bytes:
+ * MbV2-w0.35 138kb's was 96 KB. ---- */
 
-typedef char dq_slots_match_w8[(MT_CONV2D_DQ_W8_X == MT_CONV2D_X && MT_CONV2D_DQ_W8_W == MT_CONV2D_W
-    && MT_CONV2D_DQ_W8_B == MT_CONV2D_B && MT_CONV2D_DQ_W8_Y == MT_CONV2D_Y) ? 1 : -1];
+typedef char dq_slots_match[(MT_CONV2D_DQ_W8_X == MT_CONV2D_X && MT_CONV2D_DQ_W8_W == MT_CONV2D_W
+    && MT_CONV2D_DQ_W8_B == MT_CONV2D_B && MT_CONV2D_DQ_W8_Y == MT_CONV2D_Y && MT_CONV2D_DQ_X == MT_CONV2D_X
+    && MT_CONV2D_DQ_W == MT_CONV2D_W && MT_CONV2D_DQ_B == MT_CONV2D_B && MT_CONV2D_DQ_Y == MT_CONV2D_Y
+    && MT_CONV2D_DQ_XS == MT_CONV2D_DQ_W8_XS) ? 1 : -1];
 
 typedef struct {
-    conv_w8_rec_t c;   /* as CONV2D_W8's, c.f.x the int8 input */
+    conv_w8_rec_t c;   /* as CONV2D_W8's, c.f.x the int8 input (CONV2D_DQ: c.scales MT_REF_NONE) */
     uint32_t xs, K;    /* the scratch planes and how many */
     int32_t zp;
     float scale;
-} conv_dq_w8_rec_t;
+} conv_dq_rec_t;
 
-static int conv_dq_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
-    const mt_tensor_t *x = &op->t[MT_CONV2D_DQ_W8_X], *xs = &op->t[MT_CONV2D_DQ_W8_XS];
-    const int err = w8_check(conv_check(ctx, op), ctx, &op->t[MT_CONV2D_DQ_W8_W]);
-    if (err != MT_OK) {
-        return err;
-    }
-    /* groups 1 (the checked shapes then give x 4-D); xs whole planes of x, 1 to C of them */
+/* groups 1 (the checked shapes then give x 4-D), x an int8 activation, xs whole planes of x (1 to
+ * C of them), the filters within the stack buffer */
+static int conv_dq_shapes_ok(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *x = &op->t[MT_CONV2D_DQ_X], *xs = &op->t[MT_CONV2D_DQ_XS], *w = &op->t[MT_CONV2D_DQ_W];
     const uint32_t plane = x->dim[2] * x->dim[3];
     return op->a[MT_CONV_A_GROUPS] == 1 && mt_q8_activation_ok(ctx, x) && plane != 0 && xs->n % plane == 0
-           && xs->n / plane >= 1 && xs->n / plane <= x->dim[1] ? MT_OK : MT_E_SHAPE;
+           && xs->n / plane >= 1 && xs->n / plane <= x->dim[1] && w->ndim == 4
+           && (uint64_t)w->dim[2] * w->dim[3] <= MT_W8_BUF;
 }
 
-static uint32_t conv_dq_w8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
-    conv_dq_w8_rec_t *r = rec;
+static int conv_dq_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const int err = w8_check(conv_check(ctx, op), ctx, &op->t[MT_CONV2D_DQ_W8_W]);
+    return err != MT_OK ? err : conv_dq_shapes_ok(ctx, op) ? MT_OK : MT_E_SHAPE;
+}
+
+static int conv_dq_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const int err = conv_check(ctx, op);
+    return err != MT_OK ? err : conv_dq_shapes_ok(ctx, op) ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t conv_dq_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    conv_dq_rec_t *r = rec;
     if (r != NULL) {
-        const mt_tensor_t *x = &op->t[MT_CONV2D_DQ_W8_X];
+        const mt_tensor_t *x = &op->t[MT_CONV2D_DQ_X];
         mt_quant_t q;
         conv_prepare(ctx, op, &r->c.f);
-        w8_weight_ok(ctx, &op->t[MT_CONV2D_DQ_W8_W], &r->c.scales);
+        r->c.scales = MT_REF_NONE;
+        if (op->code == MT_OP_CONV2D_DQ_W8) {
+            w8_weight_ok(ctx, &op->t[MT_CONV2D_DQ_W8_W], &r->c.scales);
+        }
         mt_quant_of(ctx, x, &q);
-        r->xs = op->t[MT_CONV2D_DQ_W8_XS].ref;
-        r->K = op->t[MT_CONV2D_DQ_W8_XS].n / (x->dim[2] * x->dim[3]);
+        r->xs = op->t[MT_CONV2D_DQ_XS].ref;
+        r->K = op->t[MT_CONV2D_DQ_XS].n / (x->dim[2] * x->dim[3]);
         r->zp = q.zero_point;
         r->scale = q.scale;
     }
-    return sizeof(conv_dq_w8_rec_t);
+    return sizeof(conv_dq_rec_t);
 }
 
-static int conv_dq_w8_run(mt_ctx_t *ctx, const void *rec) {
-    const conv_dq_w8_rec_t *r = rec;
+static int conv_dq_run(mt_ctx_t *ctx, const void *rec) {
+    const conv_dq_rec_t *r = rec;
     const conv_geom_t *g = &r->c.f.g;
     const int8_t *x = (const int8_t *)mt_ptr(ctx, r->c.f.x);
+    const int w8 = r->c.f.h.code == MT_OP_CONV2D_DQ_W8;
     float *xs = MT_F32(ctx, r->xs);
     const size_t plane = (size_t)g->H * g->W;
     for (uint32_t k0 = 0; k0 < g->C; k0 += r->K) {
@@ -1247,13 +1269,15 @@ static int conv_dq_w8_run(mt_ctx_t *ctx, const void *rec) {
         for (size_t i = 0; i < nk * plane; i++) {
             xs[i] = (float)((int32_t)xk[i] - r->zp) * r->scale;
         }
-        conv_forward_w8_channels(g, r->c.f.h.kind, xs, (const int8_t *)mt_ptr(ctx, r->c.f.w), MT_F32(ctx, r->c.scales),
-            MT_F32(ctx, r->c.f.b), NULL, NULL, MT_F32(ctx, r->c.f.y), k0, k0 + nk);
+        conv_forward_channels(g, r->c.f.h.kind, xs, w8 ? (const int8_t *)mt_ptr(ctx, r->c.f.w) : NULL,
+            w8 ? NULL : MT_F32(ctx, r->c.f.w), MT_F32(ctx, r->c.scales), MT_F32(ctx, r->c.f.b), NULL, NULL,
+            MT_F32(ctx, r->c.f.y), k0, k0 + nk);
     }
     return MT_OK;
 }
 
-const mt_opdef_t mt_op_CONV2D_DQ_W8 = {conv_dq_w8_check, conv_dq_w8_prepare, conv_dq_w8_run};
+const mt_opdef_t mt_op_CONV2D_DQ_W8 = {conv_dq_w8_check, conv_dq_prepare, conv_dq_run};
+const mt_opdef_t mt_op_CONV2D_DQ = {conv_dq_check, conv_dq_prepare, conv_dq_run};
 
 /* CONV2D_ACC_W8: y = acc + conv(x, W'), y may take acc's memory */
 static int conv_acc_w8_check(const mt_ctx_t *ctx, const mt_op_t *op) {

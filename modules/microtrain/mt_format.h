@@ -879,6 +879,23 @@
 #define MT_CONV2D_DQ_W8_A_DIL_H 6
 #define MT_CONV2D_DQ_W8_A_DIL_W 7
 #define MT_CONV2D_DQ_W8_A_GROUPS 8
+#define MT_OP_CONV2D_DQ 77
+#define MT_CONV2D_DQ_NSLOTS 5
+#define MT_CONV2D_DQ_NATTRS 9
+#define MT_CONV2D_DQ_X 0
+#define MT_CONV2D_DQ_W 1
+#define MT_CONV2D_DQ_B 2
+#define MT_CONV2D_DQ_Y 3
+#define MT_CONV2D_DQ_XS 4
+#define MT_CONV2D_DQ_A_STRIDE_H 0
+#define MT_CONV2D_DQ_A_STRIDE_W 1
+#define MT_CONV2D_DQ_A_PAD_T 2
+#define MT_CONV2D_DQ_A_PAD_L 3
+#define MT_CONV2D_DQ_A_PAD_B 4
+#define MT_CONV2D_DQ_A_PAD_R 5
+#define MT_CONV2D_DQ_A_DIL_H 6
+#define MT_CONV2D_DQ_A_DIL_W 7
+#define MT_CONV2D_DQ_A_GROUPS 8
 #define MT_OP_CONV2D_ACC_W8 66
 #define MT_CONV2D_ACC_W8_NSLOTS 4
 #define MT_CONV2D_ACC_W8_NATTRS 9
@@ -1018,7 +1035,7 @@
 #define MT_PWDW_W8_BWD_A_DIL_H 6
 #define MT_PWDW_W8_BWD_A_DIL_W 7
 #define MT_PWDW_W8_BWD_A_GROUPS 8
-#define MT_OP_MAX 76
+#define MT_OP_MAX 77
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -1079,6 +1096,7 @@
     X(CONV2D_BWD_INPUT_W8) \
     X(CONV2D_BWD_INPUT_DW_INPLACE_W8) \
     X(CONV2D_DQ_W8) \
+    X(CONV2D_DQ) \
     X(CONV2D_ACC_W8) \
     X(DEQUANTIZE_W) \
     X(CONV2D_Q8_DW_INPLACE) \
@@ -1192,6 +1210,7 @@
     {20, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 4, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(0, 3, 0), MT_SLOT(0, 4, 0), MT_SLOT(1, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(1, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8_BWD */ \
     {16, 24, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV_DW_PW_Q8_FROM_PIPE */ \
     {5, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_DQ_W8 */ \
+    {5, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_DQ */ \
 }
 
 /* error codes */
