@@ -69,7 +69,8 @@ def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8
     return {
         "arena_bytes": r["arena_bytes"], "state_bytes": r["param_bytes"], "context_bytes": r["context_bytes"],
         "peak_ram_bytes": r["peak_ram_bytes"], "peak_live_bytes": r["peak_live_bytes"],
-        "input_bytes": plan.tensors[plan.header["input_tensor"]]["bytes"], "flash_bytes": r["flash_bytes"], "const_bytes": r["const_bytes"], "const_int8_bytes": r["const_int8_bytes"],
+        "input_bytes": plan.tensors[plan.header["input_tensor"]]["bytes"], "flash_bytes": r["flash_bytes"],
+        "const_bytes": r["const_bytes"], "const_int8_bytes": r["const_int8_bytes"],
         "w8_weights": len(plan.meta.get("w8", [])), "host_step_ms": round(step_ms, 1), "compile_seconds": round(seconds, 2),
         "sparse_weights": len(plan.meta["channels"]), "trainable": len(plan.params()),
         "peak_op": "%d %s (%s)" % (peak["op"], peak["op_name"], peak["phase"]),

@@ -6,8 +6,9 @@ bytes) for the first float layer. Where that float tensor is read by one conv of
 frozen weight (CONV2D_W8, or CONV2D with frozen_weights="float32") and by nothing else (no
 backward reads it), the pair becomes CONV2D_DQ_W8 or CONV2D_DQ, which dequantizes K input
 channels at a time into K float planes and sums them on into the output (mt_conv.c). Each output
-adds its terms channel after channel, so the output is the pair's bit for bit whatever K. K: the planes fill at most a quarter of the int8 tensor's
-bytes (DQ_SHARE), at least one plane, at most the W8 kernel's weight chunk (fewer calls).
+adds its terms channel after channel, so the output is the pair's bit for bit whatever K. K: the
+planes fill at most a quarter of the int8 tensor's bytes (DQ_SHARE), at least one plane, at most
+the kernel's weight chunk (fewer calls).
 MbV2-w0.35 138kb: blocks.5's depthwise output was 96 KB as float beside its 24 KB int8 self.
 """
 from __future__ import annotations
