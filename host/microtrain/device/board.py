@@ -27,14 +27,21 @@ from .ports import describe_ports
 
 # Starts the server through the raw REPL: short, since the REPL has no checksums
 START = "import microtrain\nmicrotrain.serve()\n"
-# Run in the raw REPL when the server did not answer: is the module there at all?
-CHECK = """try:
-    import microtrain
-    m = hasattr(microtrain, 'Trainer') and hasattr(microtrain, 'serve')
+# Run in the raw REPL when the server did not answer: is the module there at all? The raw REPL
+# has no checksums: a name damaged on a noisy line would import nothing and answer False, a wrong
+# "no module" verdict. So the names come with the sum of their characters, and a board that
+# receives them damaged raises instead (connect then tries again).
+CHECK_NAMES = ("microtrain", "Trainer", "serve")
+CHECK = """n = %r
+if sum(sum(ord(c) for c in s) for s in n) != %d:
+    raise ValueError('damaged on the line')
+try:
+    m = __import__(n[0])
+    m = hasattr(m, n[1]) and hasattr(m, n[2])
 except ImportError:
     m = False
 print(repr(m))
-"""
+""" % (CHECK_NAMES, sum(ord(c) for s in CHECK_NAMES for c in s))
 
 # Bytes that a REPL acts on (Ctrl-A..E, CR, LF, ESC): the first frame sent to a board
 # whose state is unknown avoids them, so that if a REPL reads it instead of the
