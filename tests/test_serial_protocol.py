@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from microtrain.device import protocol as P
-from microtrain.device.board import REPL_CONTROL, Board, Sizer
+from microtrain.device.board import CHECK, REPL_CONTROL, Board, Sizer
 from microtrain.device.errors import BoardError, BoardReset, LinkError
 from microtrain.device.link import Link
 
@@ -109,6 +109,17 @@ def test_a_lost_answer_after_an_ack_is_asked_for_after_the_expected_time():
     assert link.request(P.SAVE, timeout=60, ack=True, expect=0.2) == b"saved"
     assert time.monotonic() - t0 < 30               # far below the 60 s limit
     assert link.stats.resent == 1 and link.stats.timeouts == 1
+
+
+def test_module_check_raises_on_a_damaged_name(capsys):
+    """connect's module check (run in the raw REPL, which has no checksums): a module name damaged
+    on the line must not read as "no microtrain module" (False) but raise, so connect tries again."""
+    exec(CHECK, {})   # intact: on the host, microtrain has no Trainer, so False
+    assert capsys.readouterr().out.strip() == "False"
+    for good, bad in (("'microtrain'", "'micrntrain'"), ("'microtrain'", "'microtrai'"), ("'serve'", "'sarve'")):
+        assert good in CHECK
+        with pytest.raises(ValueError, match="damaged on the line"):
+            exec(CHECK.replace(good, bad, 1), {})
 
 
 def test_gives_up_after_its_retries():
