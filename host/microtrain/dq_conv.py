@@ -7,13 +7,11 @@ frozen weight (CONV2D_W8, or CONV2D with frozen_weights="float32") and by nothin
 backward reads it), the pair becomes CONV2D_DQ_W8 or CONV2D_DQ, which dequantizes K input
 channels at a time into K float planes and sums them on into the output (mt_conv.c). Each output
 adds its terms channel after channel, so the output is the pair's bit for bit whatever K. K: the
-planes fill at most a quarter of the int8 tensor's bytes (DQ_SHARE), at least one plane, at most
-the kernel's weight chunk (fewer calls).
+planes fill at most a quarter of the int8 tensor's bytes (DQ_SHARE), at least one plane.
 MbV2-w0.35 138kb: blocks.5's depthwise output was 96 KB as float beside its 24 KB int8 self.
 """
 from __future__ import annotations
 
-from . import format as F
 from .training import TOp, TTensor
 from .w8 import MAX_TAPS
 
@@ -21,15 +19,11 @@ DQ_SHARE = 4   # the float planes at most 1/4 of the int8 input's bytes
 DQ_FORM = {"CONV2D_W8": "CONV2D_DQ_W8", "CONV2D": "CONV2D_DQ"}   # same attributes; x int8, planes xs last
 
 
-def planes(x_shape, w_shape, attrs):
-    """K, the input channels dequantized at a time (module docstring)."""
-    C = x_shape[1]
-    taps = w_shape[2] * w_shape[3]
-    a = dict(zip(F.OPS_BY_NAME["CONV2D_DQ_W8"].attrs, attrs))
-    pointwise = taps == 1 and a["stride_h"] == a["stride_w"] == 1 and a["pad_t"] == a["pad_l"] == 0 \
-        and a["pad_b"] == a["pad_r"] == 0
-    chunk = MAX_TAPS // ((2 if pointwise else 1) * taps)
-    return max(1, min(C, chunk, C // (DQ_SHARE * 4)))   # K*H*W floats <= C*H*W int8 bytes / DQ_SHARE
+def planes(channels):
+    """K, the input channels dequantized at a time: K*H*W floats at most the int8 tensor's C*H*W
+    bytes / DQ_SHARE, at least one plane. Any K gives the same sums; the kernel cuts the filters
+    into its stack buffer's chunks itself."""
+    return max(1, channels // (DQ_SHARE * 4))
 
 
 def fuse_dequantize_conv(tensors, ops):
@@ -64,7 +58,7 @@ def fuse_dequantize_conv(tensors, ops):
                for o in ops[k + 1:c] for s, t in zip(o.spec.slots, o.slots) if t is not None and s.role != "in"):
             continue
         x = tensors[xq]
-        K = planes(x.shape, w.shape, conv.attrs)
+        K = planes(x.shape[1])
         tensors.append(TTensor(tensors[xf].name + "@planes", (K, x.shape[2], x.shape[3])))
         ops[c] = TOp(DQ_FORM[conv.name], conv.phase, [xq] + conv.slots[1:] + [len(tensors) - 1], list(conv.attrs),
                      conv.source, conv.macs)
