@@ -10,6 +10,8 @@ int8 up to the depthwise output, the projection's bias and the head training:
 * nothing is fused where the backward reads the float input (the projection's int8 weight trains);
   nor where the int8 tensor is written between the DEQUANTIZE and the conv;
 * planes that are not whole planes of x, or more planes than x has channels, are refused at load;
+  so are a fused conv of groups 2 and one whose filters outgrow the kernel's stack buffer (9x9),
+  fused by a compiler whose own check is switched off;
 * MbV2-w0.35's 138kb scheme (MIT's model) trains 2 steps bit for bit as unfused, its arena
   without blocks.5's 96 KB float copy.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import int8_models as M
 import microtrain
@@ -110,6 +113,38 @@ def test_planes_of_the_wrong_size_are_refused(dq_plan, what):
     bad = _patched(dq_plan.data, i, grown, bytes=4 * int(np.prod(shape)), offset=end, **dims)
     with pytest.raises(PlanError, match=r"tensor shapes do not fit the op \(op %d\)" % k):
         Core(bad)
+
+
+class Proj(torch.nn.Module):
+    """An int8 stem, then the float conv the fusion takes (groups, kernel) and a head."""
+
+    def __init__(self, groups, k):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU6())
+        self.proj = torch.nn.Conv2d(8, 8, k, padding=k // 2, groups=groups)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(self.proj(self.stem(x)), 1), 1))
+
+
+@pytest.mark.parametrize("exporter", ["ts", "dynamo"])
+@pytest.mark.parametrize("groups, k, form", [(2, 1, "CONV2D_DQ_W8"), (1, 9, "CONV2D_DQ")])
+def test_a_conv_the_kernel_does_not_take_is_refused(tmp_path, groups, k, form, exporter):
+    """groups 2, or 81 taps (over the 64 floats of the kernel's filter buffer: a 9x9 is not made
+    CONV2D_W8, so its frozen weight stays float and the fusion gives CONV2D_DQ)."""
+    torch.manual_seed(0)
+    src = M.export(Proj(groups, k), str(tmp_path / "proj.onnx"), exporter, shape=SHAPE)
+    layers = microtrain.compile(src, update="last-layer").meta["layers"]
+    rng = np.random.default_rng(1)
+    kw = dict(quantize="int8", input_dtype="uint8", input_quant=(1 / 255, 0), frozen_weights="int8",
+              calibration=rng.uniform(0, 1, (8,) + SHAPE[1:]).astype(np.float32),
+              update=[layers[-2]["bias"], layers[-1]["weight"], layers[-1]["bias"]])
+    assert form not in names(microtrain.compile(src, **kw))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(dq_conv, "kernel_takes", lambda w, attrs: True)
+        with pytest.raises(PlanError, match=r"tensor shapes do not fit the op \(op \d+\)"):
+            microtrain.compile(src, **kw)
 
 
 def test_mbv2_138kb_trains_as_unfused():

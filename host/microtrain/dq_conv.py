@@ -26,6 +26,12 @@ def planes(channels):
     return max(1, channels // (DQ_SHARE * 4))
 
 
+def kernel_takes(w, attrs):
+    """What mt_conv.c's CONV2D_DQ(_W8) takes (its load check refuses the rest): groups 1, the
+    filters within its stack buffer."""
+    return attrs["groups"] == 1 and w.shape[2] * w.shape[3] <= MAX_TAPS
+
+
 def fuse_dequantize_conv(tensors, ops):
     """ops with each DEQUANTIZE whose output only one groups-1 CONV2D_W8 or CONV2D with a constant
     weight reads fused into it (DQ_FORM); appends the scratch planes to tensors. Returns (ops, the
@@ -49,8 +55,8 @@ def fuse_dequantize_conv(tensors, ops):
         conv = ops[c]
         a = dict(zip(conv.spec.attrs, conv.attrs))
         w = tensors[conv.slots[1]] if conv.name in DQ_FORM else None
-        if w is None or w.storage != "CONST" or len(w.shape) != 4 or w.shape[2] * w.shape[3] > MAX_TAPS or c < k \
-                or conv.slots[0] != xf or conv.slots.count(xf) != 1 or a["groups"] != 1 or conv.phase != d.phase:
+        if w is None or w.storage != "CONST" or len(w.shape) != 4 or not kernel_takes(w, a) or c < k \
+                or conv.slots[0] != xf or conv.slots.count(xf) != 1 or conv.phase != d.phase:
             continue
         # the int8 tensor is read at the conv now: nothing may write it (or its memory) between
         mem = {xq, tensors[xq].view_of} - {None}
