@@ -35,7 +35,8 @@ def figures(path, mode, calib, momentum=0.9, int8_fuse=True):
     f = microtrain.compile(path, update=mode, momentum=momentum).report()
     q = microtrain.compile(path, update=mode, momentum=momentum, quantize="int8", calibration=calib,
                            input_dtype="uint8", input_quant=(1 / 127.5, 128), int8_fuse=int8_fuse).report()
-    keep = ("arena_bytes", "param_bytes", "context_bytes", "peak_ram_bytes", "flash_bytes", "const_bytes")
+    keep = ("arena_bytes", "param_bytes", "context_bytes", "context_ram_bytes", "peak_ram_bytes", "flash_bytes",
+            "const_bytes")
     return {"float32": {k: f[k] for k in keep}, "int8": {k: q[k] for k in keep}}
 
 

@@ -6,14 +6,17 @@ its frozen prefix int8 (post-training min/max calibration on benchmarks/calibrat
 of scikit-learn's photos), uint8 pixel input, batch 1, plain SGD, the ReLU/ReLU6 outputs the
 backward reads only for their mask kept as 1-bit masks (--saved bits), the frozen conv weights of
 the float layers int8 (--frozen-weights int8, compile(frozen_weights="int8")). Printed per scheme: the arena,
-the trainable state (parameters and optimizer state), the runtime context, peak RAM (their sum:
-what Trainer() allocates on the board), MIT's analytic estimate and MIT's measured peak for the
+the trainable state (parameters and optimizer state), the runtime context (* where the board reads it
+in place from the plan, flash: then it takes no RAM), peak RAM (arena + state + the context where it
+is in RAM: what Trainer() allocates on the board), MIT's analytic estimate and MIT's measured peak for the
 model (NeurIPS 2022 Fig. 10, STM32F746, sparse update + operator reordering), a lower bound
 for any engine (the input image plus MIT's own count of the scheme's trained weights and
 biases, in RAM together in any engine that keeps them there as MIT's does, whatever it does with
 the rest; marked ! where it is over MIT's figure: no such engine can bring that row below it), the plan's flash
 bytes (the whole plan, constants included: what a board keeps in flash), the op at the arena's peak and the largest tensors alive there, and the host simulator's time per training step
-(the same C as the board; a shared machine's figure, for comparing plans run together). With --momentum 0.9 the state column shows
+(the same C as the board; a shared machine's figure, for comparing plans run together). The JSON
+also holds live_without_input_bytes: the most arena bytes alive at one op with the input image's
+not counted, what the arena could be at least if the image were not in it. With --momentum 0.9 the state column shows
 the momentum of channel-sparse weights held for their trained channels only.
 
 Trained weights are int8 by default (--trained-weights int8, compile(trained_weights="int8"):
@@ -66,8 +69,10 @@ def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8
     step_ms = (time.perf_counter() - t) / STEPS * 1e3
     r = plan.report()
     peak = alive_at_peak(plan)
+    tail = alive_at_peak(plan, without=[plan.header["input_tensor"]])
     return {
         "arena_bytes": r["arena_bytes"], "state_bytes": r["param_bytes"], "context_bytes": r["context_bytes"],
+        "context_in_plan": r["context_in_plan"], "context_ram_bytes": r["context_ram_bytes"],
         "peak_ram_bytes": r["peak_ram_bytes"], "peak_live_bytes": r["peak_live_bytes"],
         "input_bytes": plan.tensors[plan.header["input_tensor"]]["bytes"], "flash_bytes": r["flash_bytes"],
         "const_bytes": r["const_bytes"], "const_int8_bytes": r["const_int8_bytes"],
@@ -75,6 +80,10 @@ def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8
         "sparse_weights": len(plan.meta["channels"]), "trainable": len(plan.params()),
         "peak_op": "%d %s (%s)" % (peak["op"], peak["op_name"], peak["phase"]),
         "alive_at_peak": [{"name": n, "bytes": b, "dtype": d} for n, b, d, _, _ in peak["tensors"]],
+        # the largest live arena bytes at one op with the input image's memory not counted: what an
+        # arena could be at least if the input were not in it (and where)
+        "live_without_input_bytes": tail["live_bytes"],
+        "live_without_input_op": "%d %s (%s)" % (tail["op"], tail["op_name"], tail["phase"]),
     }
 
 
@@ -127,8 +136,9 @@ def main():
             rows.append(r)
             r["bound_kb"] = round(kb(r["input_bytes"]) + r["mit_trained_kb"], 2)
             alive = ", ".join("%s %.0f" % (t["name"], kb(t["bytes"])) for t in r["alive_at_peak"][:args.top])
-            print("%-12s %-12s %9.1f %9.1f %8.1f %9.1f %10.1f %8.1f | %9.1f %9d %8.1f%s | %s: %s" % (
+            print("%-12s %-12s %9.1f %9.1f %7.1f%s %9.1f %10.1f %8.1f | %9.1f %9d %8.1f%s | %s: %s" % (
                 model, s["scheme"], kb(r["arena_bytes"]), kb(r["state_bytes"]), kb(r["context_bytes"]),
+                "*" if r["context_in_plan"] else " ",
                 kb(r["peak_ram_bytes"]), kb(r["flash_bytes"]), r["host_step_ms"], r["mit_estimate_kb"], r["mit_peak_kb"],
                 r["bound_kb"], "!" if r["bound_kb"] > r["mit_peak_kb"] else " ", r["peak_op"], alive))
             sys.stdout.flush()

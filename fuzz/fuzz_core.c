@@ -1,6 +1,7 @@
 /* microtrain fuzzing: libFuzzer's entry point. The input is a plan; if the core
  * loads it, the harness attaches exactly the RAM it asks for (a heap block of
- * that size, so AddressSanitizer sees any access past it), then uses every entry
+ * that size, so AddressSanitizer sees any access past it; the runtime context read from
+ * the plan or, for half the plans, decoded into RAM), then uses every entry
  * point a binding can call: a few training steps, predict, single ops,
  * parameters, checkpoints, reset, error texts and introspection. The plan
  * bytes must come out unchanged: the core only reads them.
@@ -87,6 +88,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (uint32_t i = 0; i < ctx.n_tensors; i++) {
             mt_tensor_info_t ti;
             text(&ctx, mt_tensor_info(&ctx, i, &ti));
+        }
+        if (ctx.plan_crc & 1u) {   /* half the plans with a context section: decoded into RAM instead */
+            text(&ctx, mt_context_in_ram(&ctx));
         }
         uint32_t ram_bytes = mt_ram_bytes(&ctx);
         if (ram_bytes <= FUZZ_RAM_CAP) {

@@ -248,8 +248,9 @@ def data_api():
     plan = microtrain.compile(models.cnn(seed=4, hw=6, n_out=3), update="last:2", lr=0.05, momentum=0.9)
     r = plan.report()
     info = {k: r[k] for k in ("arena_bytes", "naive_bytes", "param_bytes", "const_bytes", "macs_per_step",
-                              "ops", "ram_bytes", "plan_bytes", "batch", "loss")}
+                              "ops", "ram_bytes", "plan_bytes", "batch", "loss", "context_bytes", "context_in_plan")}
     info.update(tensors=len(r["tensors"]), steps=0, updates=0)
+    assert r["context_in_plan"]   # the board's core takes the host's prepared context: ram_bytes agree
     assert r["const_bytes"] > 0   # frozen layers: every figure is something
     x, y = learnable(np.random.default_rng(4), 2, 72, 3)
     x = x.reshape(2, 2, 6, 6)
@@ -323,10 +324,11 @@ DATA["board_fit"] = data_board_fit
 
 def host_outcome(data):
     """What tests/micropython/mutated_plans.py's run() gives for a plan, from the host's core
-    (with guard bytes around its RAM, which must stay intact)."""
+    (with guard bytes around its RAM, which must stay intact; the context in RAM, as the board's
+    binding decodes it for the bytearray that script passes)."""
     from microtrain.native import PlanError, lib
     try:
-        core = Core(data, guard=64)
+        core = Core(data, guard=64, context_in_ram=True)
     except PlanError as e:
         return "refused: " + str(e).split(": ", 1)[1]
     parts = ["trains %d" % core.ram_bytes]

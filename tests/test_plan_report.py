@@ -102,3 +102,17 @@ def test_simulate_refuses_bad_data(tmp_path):
     r = subprocess.run([sys.executable, "-m", "microtrain", "simulate", str(plan), "--data", str(tmp_path / "nox.npz")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "lacks array(s) ['x']" in r.stderr
+
+
+def test_alive_at_peak_without_a_tensor_counts_the_rest():
+    """alive_at_peak(plan, without=[input]) (benchmarks/tte.py's live_without_input_bytes): at every
+    op the live bytes less the input's where it is alive; its peak is the largest of those."""
+    from microtrain.peak import alive_at_peak
+    plan = microtrain.compile(models.cnn(), update="full")
+    inp = plan.header["input_tensor"]
+    size = -(-plan.tensors[inp]["bytes"] // 8) * 8
+    whole, rest = alive_at_peak(plan), alive_at_peak(plan, without=[inp])
+    assert rest["live_bytes"] >= whole["live_bytes"] - size
+    assert rest["live_bytes"] <= whole["live_bytes"] and size > 0
+    assert any(name == plan.tensors[inp]["name"] for name, *_ in whole["tensors"])   # kept for conv1's weight
+    assert all(name != plan.tensors[inp]["name"] for name, *_ in rest["tensors"])

@@ -1,7 +1,8 @@
 """--budget: a sparse-update scheme chosen so that the plan's peak RAM fits a byte budget.
 
 The rule (docs/sparse.md), in the order of MIT's schemes, every step measured on the compiled
-plan (peak_ram_bytes: arena + trainable state + runtime context) with the compile options given:
+plan (peak_ram_bytes: arena + trainable state, + the runtime context where it is not read in place
+from the plan) with the compile options given:
 
 1. the classifier (the last Gemm) trains whole; if that alone does not fit, the budget is refused
    with what the smallest plan needs;
@@ -84,7 +85,7 @@ def choose(model, budget, log=None, **options):
             raise ValueError("budget %d B is too small: the classifier alone needs %d B of peak RAM (arena %d, "
                              "trainable state %d, context %d). Give at least that, or reduce the arena (int8 "
                              "frozen part: quantize='int8'; saved='bits')" % (budget, peak, r["arena_bytes"],
-                                                                             r["param_bytes"], r["context_bytes"]))
+                                                                             r["param_bytes"], r["context_ram_bytes"]))
         lo, hi = 0, len(convs)   # largest N whose biases fit: lo fits, anything above hi does not
         while lo < hi:
             mid = (lo + hi + 1) // 2

@@ -103,7 +103,10 @@ def print_report(r, out=sys.stdout, tensors=True):
     w = out.write
     w("plan            %s\n" % _kb(r["plan_bytes"]))
     w("RAM (peak)      %s  = arena %s + parameters/optimizer %s + context %s\n"
-      % (_kb(r["peak_ram_bytes"]), _kb(r["arena_bytes"]), _kb(r["param_bytes"]), _kb(r["context_bytes"])))
+      % (_kb(r["peak_ram_bytes"]), _kb(r["arena_bytes"]), _kb(r["param_bytes"]), _kb(r["context_ram_bytes"])))
+    if r["context_in_plan"]:
+        w("                (the context, %s, is read in place from the plan: flash on a board)\n"
+          % _kb(r["context_bytes"]))
     w("flash           %s  = the plan read in place (constants %s%s), plus the module's code\n"
       % (_kb(r["flash_bytes"]), _kb(r["const_bytes"]),
          ", %s of them int8" % _kb(r["const_int8_bytes"]) if r["const_int8_bytes"] else ""))

@@ -11,7 +11,7 @@ from .recompute import replay_saved
 from .ring_channels import one_channel_rings, prune
 from .onnx_import import import_onnx
 from .memory import assign_memory
-from .plan import Plan, write_plan
+from .plan import Plan, with_context, write_plan
 from .q8state import TRAINED_WEIGHTS, store_int8
 from .split import split_partial_weights
 from .training import build_training, check_gradient_paths, drop_unused, macs_total
@@ -305,4 +305,4 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
                       io=(inp, tgt, out), loss=loss, batch=batch, lr=lr, momentum=momentum,
                       weight_decay=weight_decay, macs=macs_total(ops), meta=meta, quants=quants,
                       input_dtype=input_dtype)
-    return Plan(data)
+    return Plan(with_context(data))

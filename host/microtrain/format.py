@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = b"MTPL"
-VERSION = 2         # 2: int8 tensors, quantization table, input dtype, int8 ops
+VERSION = 3         # 2: int8 tensors, quantization table, input dtype, int8 ops; 3: the context section
 ALIGN = 8           # every section, constant, state and arena offset is a multiple of this
 NO_TENSOR = 0xFFFF  # an absent optional tensor slot
 NO_NAME = 0xFFFFFFFF
@@ -58,7 +58,9 @@ HEADER_FIELDS = [
     ("n_quant", "H"),
     ("input_dtype", "B"),     # what the caller passes: DTYPE F32 (float input), I8, or U8 (flipped to I8)
     ("reserved3", "B"),
-    ("reserved2", "20s"),     # zero; room for later fields
+    ("context_off", "I"),     # the runtime context prepared on the host (plan.py), 0 for none: used in
+    ("context_bytes", "I"),   #   place (RAM saved) where it is what the core prepares, else decoded into RAM
+    ("reserved2", "12s"),     # zero; room for later fields
 ]
 HEADER_STRUCT = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
 HEADER_BYTES = HEADER_STRUCT.size

@@ -30,9 +30,11 @@ class Core:
     """mt_load + mt_attach over a private copy of the plan bytes.
 
     guard: bytes of 0xA5 kept on both sides of the RAM buffer, so a test can
-    prove the core never writes outside it."""
+    prove the core never writes outside it. context_in_ram: decode the runtime context into RAM
+    even where the plan carries it (mt_context_in_ram), as the board's binding does for a plan in
+    a writable buffer."""
 
-    def __init__(self, data: bytes, guard: int = 0):
+    def __init__(self, data: bytes, guard: int = 0, context_in_ram: bool = False):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("plan must be bytes, not %s" % type(data).__name__)
         data = bytes(data)
@@ -42,6 +44,8 @@ class Core:
         err = lib.mt_load(self.ctx, self._plan, len(data))
         if err:
             raise PlanError("invalid plan: " + error_text(self.ctx, err))
+        if context_in_ram:
+            self.check(lib.mt_context_in_ram(self.ctx))
         self.ram_bytes = lib.mt_ram_bytes(self.ctx)
         self.guard = guard
         n = (self.ram_bytes + 2 * guard + 7) // 8
@@ -171,8 +175,13 @@ class Core:
             context_bytes=i.context_bytes, const_bytes=i.const_bytes, macs_per_step=i.macs, ops=i.n_ops,
             tensors=i.n_tensors, ram_bytes=i.ram_bytes, plan_bytes=i.plan_bytes, batch=i.batch, lr=i.lr,
             steps=i.steps, updates=i.updates, rejected=i.rejected, format_version=i.format_version,
-            input_dtype=self.input_dtype,
+            input_dtype=self.input_dtype, context_in_plan=bool(i.context_in_plan),
             loss=LOSS_NAMES.get(i.loss_kind))
+
+    def context_image(self):
+        """The runtime context as attached (op records, then the parameter table): what a plan's
+        context section holds (plan.with_context)."""
+        return bytes(ffi.buffer(self.ctx.context, self.ctx.context_bytes))
 
     # ---- parameters ----
     def param_index(self, name):

@@ -9,10 +9,11 @@ from . import format as F
 from .memory import lifetimes, op_slots
 
 
-def alive_at_peak(plan):
+def alive_at_peak(plan, without=()):
     """{"op": index, "op_name": ..., "source": ONNX node, "phase": ..., "live_bytes": n,
     "tensors": [(name, bytes, dtype, first op, last op), ...] largest first} at the first op
-    where the live arena bytes are largest."""
+    where the live arena bytes are largest; the memory of the tensors in `without` (ids) not
+    counted (what the peak would be without them)."""
     hd = plan.header
     first, last = lifetimes(len(plan.tensors), op_slots(plan.ops, lambda o: o["op"], lambda o: o["slots"]),
                             [hd["input_tensor"], hd["target_tensor"]])
@@ -22,6 +23,8 @@ def alive_at_peak(plan):
         if t["storage"] == "ARENA" and first[i] >= 0:
             f, l = spans.get(owner[i], (first[i], last[i]))
             spans[owner[i]] = (min(f, first[i]), max(l, last[i]))
+    for t in without:
+        spans.pop(owner[t], None)
     size = {o: -(-plan.tensors[o]["bytes"] // F.ALIGN) * F.ALIGN for o in spans}
     live = [0] * len(plan.ops)
     for o, (f, l) in spans.items():

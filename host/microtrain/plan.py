@@ -83,7 +83,8 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         input_tensor=io[0], target_tensor=io[1], output_tensor=io[2],
         loss=F.LOSSES["CROSS_ENTROPY" if loss == "cross-entropy" else "MSE"], reserved0=0, batch=batch,
         reserved1=0, lr=lr, momentum=momentum, weight_decay=weight_decay, quant_off=sections["quant"][0],
-        n_quant=len(quants), input_dtype=F.dtype_code(input_dtype), reserved3=0, reserved2=b"\0" * 20)
+        n_quant=len(quants), input_dtype=F.dtype_code(input_dtype), reserved3=0, context_off=0, context_bytes=0,
+        reserved2=b"\0" * 12)
     if len(tensors) > 0xFFFE or len(ops) > 0xFFFF:
         raise ValueError("model too large for plan format %d: %d tensors, %d ops" % (F.VERSION, len(tensors), len(ops)))
     out[:F.HEADER_BYTES] = F.HEADER_STRUCT.pack(*[fields[n] for n, _ in F.HEADER_FIELDS])
@@ -92,13 +93,33 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
     return bytes(out)
 
 
+def with_context(data):
+    """data with its runtime context section (format.py's context_off and context_bytes): the
+    context the C core decodes from this plan at attach, prepared here by the same C, so that a
+    board runs it in place from the plan (flash) instead of decoding it into RAM. mt_load compares
+    it with what the board's core prepares and uses it only where every byte agrees. data as it
+    was if the core would not use it (a record over the core's compare buffer)."""
+    image = Core(data).context_image()
+    off = _align(len(data))
+    out = bytearray(data) + bytes(off - len(data)) + image
+    h = dict(zip((n for n, _ in F.HEADER_FIELDS), F.HEADER_STRUCT.unpack_from(out, 0)))
+    h.update(file_bytes=len(out), context_off=off, context_bytes=len(image), crc32=0)
+    out[:F.HEADER_BYTES] = F.HEADER_STRUCT.pack(*h.values())
+    crc = F.header_offsets()["crc32"]
+    out[crc:crc + 4] = struct.pack("<I", zlib.crc32(bytes(out[F.CRC_START:])))
+    return bytes(out) if Core(bytes(out)).info()["context_in_plan"] else data
+
+
 class Plan:
     """A validated plan. Build with microtrain.compile() or load_plan()."""
 
     def __init__(self, data: bytes):
         _check_kind(data)
         core = Core(data)     # the C validator decides; raises PlanError (ValueError)
-        self.context_bytes = core.info()["context_bytes"]   # the decoded plan in the device's RAM
+        info = core.info()
+        self.context_bytes = info["context_bytes"]       # the decoded plan: in RAM, or read in place
+        self.context_in_plan = info["context_in_plan"]   # from the plan's context section (no RAM)
+        self.ram_bytes = info["ram_bytes"]
         self.data = bytes(data)
         h = F.HEADER_STRUCT.unpack_from(self.data, 0)
         self.header = {name: v for (name, _), v in zip(F.HEADER_FIELDS, h)}
@@ -222,9 +243,12 @@ class Plan:
             "peak_live_bytes": peak,
             "param_bytes": hd["state_bytes"],
             "context_bytes": self.context_bytes,
-            "ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes,
-            # RAM the board gives a Trainer: arena + trainable state + decoded context
-            "peak_ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes,
+            # the context read in place from the plan's section (flash on a board), not from RAM
+            "context_in_plan": self.context_in_plan,
+            "context_ram_bytes": 0 if self.context_in_plan else self.context_bytes,
+            "ram_bytes": self.ram_bytes,
+            # RAM the board gives a Trainer: arena + trainable state + context_ram_bytes
+            "peak_ram_bytes": self.ram_bytes,
             # flash a plan takes when read in place (ROMFS, frozen bytes): all of it, constants included
             "flash_bytes": len(self.data),
             "const_bytes": hd["const_bytes"],

@@ -341,8 +341,14 @@ static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_
         rc = mt_load(ctx, self->plan_copy, bi.len);
     }
     mt_check(ctx, rc);
+    /* the context runs in place from the plan only where nobody can write the plan: bytes, a
+     * read-only memoryview (ROMFS, flash); a bytearray's is decoded into RAM */
+    if (self->plan_writable) {
+        mt_check(ctx, mt_context_in_ram(ctx));
+    }
 
-    /* Everything the run needs, in one block allocated once: state, arena, runtime context. */
+    /* Everything the run needs, in one block allocated once: state, arena, and the runtime context
+     * unless it is read in place from the plan. */
     uint32_t ram_bytes = mt_ram_bytes(ctx);
     self->ram = mt_malloc_maybe(ram_bytes > 0 ? ram_bytes : 1);
     if (self->ram == NULL) {
@@ -355,7 +361,7 @@ static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_
         msg_str(&m, ", parameters and optimizer state ");
         msg_uint(&m, ctx->state_bytes);
         msg_str(&m, ", context ");
-        msg_uint(&m, ctx->context_bytes);
+        msg_uint(&m, ram_bytes - ctx->arena_bytes - ctx->state_bytes);
         msg_str(&m, "); free memory (gc.collect()) or train fewer layers");
         msg_raise(MT_MEMORY_ERROR, &m);
     }
@@ -367,8 +373,9 @@ static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_
     return MP_OBJ_FROM_PTR(self);
 }
 
-/* The core reads the plan's constants, initial values and names in place (its
- * structure was decoded into RAM when the Trainer was made). A caller may have
+/* The core reads the plan's constants, initial values and names in place, and its op records
+ * where the plan carries them and cannot be written (else they were decoded into RAM when the
+ * Trainer was made). A caller may have
  * resized or replaced a writable plan buffer since: then its bytes are not where
  * they were, and using them would read freed memory. Every call that reaches the
  * plan checks first. */
@@ -617,13 +624,14 @@ static mp_obj_t trainer_info(mp_obj_t self_in) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
     mt_info_t in;
     mt_check(&self->ctx, mt_info(&self->ctx, &in));
-    mp_obj_t d = mp_obj_new_dict(18);
+    mp_obj_t d = mp_obj_new_dict(19);
     /* qstrs spelled out in full: the native .mpy build finds them by name */
     #define MT_STORE(q, value) mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(q), (value))
     MT_STORE(MP_QSTR_arena_bytes, new_uint(in.arena_bytes));
     MT_STORE(MP_QSTR_naive_bytes, new_uint(in.naive_bytes));
     MT_STORE(MP_QSTR_param_bytes, new_uint(in.state_bytes));
     MT_STORE(MP_QSTR_context_bytes, new_uint(in.context_bytes));
+    MT_STORE(MP_QSTR_context_in_plan, mp_obj_new_bool(in.context_in_plan));
     MT_STORE(MP_QSTR_const_bytes, new_uint(in.const_bytes));
     MT_STORE(MP_QSTR_macs_per_step, new_uint(in.macs));
     MT_STORE(MP_QSTR_ops, new_uint(in.n_ops));

@@ -21,7 +21,10 @@
  * copies the initial values again) and, for messages and mt_param_info, the
  * names section, always within its bounds. The header, tensor table and op list
  * are decoded into the runtime context at the end of the RAM and never read
- * again. So the plan bytes must stay where they are while ctx is used; a
+ * again; or, where the plan carries that context already prepared (a section the
+ * host compiler writes) and it equals what this core prepares, record for record,
+ * the context is read in place and takes no RAM. So the plan bytes must stay
+ * where they are while ctx is used; a
  * binding that lets its caller change them must check that they did not move.
  */
 #ifndef MT_H
@@ -47,6 +50,8 @@ typedef struct {
     uint32_t plan_bytes, plan_crc;
     uint32_t n_tensors, n_ops, ops_bytes, data_bytes, names_bytes, n_quant;
     uint32_t arena_bytes, state_bytes, naive_bytes, const_bytes, context_bytes;
+    uint32_t section_off, section_bytes;   /* the plan's context section (mt_plan.c), 0 for none */
+    uint8_t context_in_plan;      /* 1: that section is this core's context, run in place (no RAM) */
     uint64_t macs;
     uint16_t input, target, output, batch;
     uint16_t plan_version;        /* what the plan says, also when it is not MT_VERSION */
@@ -56,6 +61,7 @@ typedef struct {
     uint32_t n_params, n_train_ops;
     /* the run, set by mt_attach */
     uint8_t *ram;                 /* NULL until mt_attach: state region, arena, runtime context */
+    const uint8_t *context;       /* the runtime context: in ram after the arena, or in the plan */
     uintptr_t base[4];            /* where tensor references point (mt_core.h) */
     uint32_t in_ref, target_ref, out_ref, n_in, n_target, n_out;
     uint32_t phase_at[3];         /* where each phase's records start in the context (bytes) */
@@ -87,7 +93,7 @@ typedef struct {
     uint32_t arena_bytes;         /* planned transient region */
     uint32_t state_bytes;         /* parameters and optimizer state */
     uint32_t context_bytes;       /* the decoded plan: ops, geometry, parameter table */
-    uint32_t ram_bytes;           /* the three together: what mt_attach needs */
+    uint32_t ram_bytes;           /* what mt_attach needs: the three, or with the context in the plan two */
     uint32_t naive_bytes, const_bytes;
     uint64_t macs;                /* multiply-accumulates of one training step */
     uint32_t n_tensors, n_ops, n_params, n_train_ops;
@@ -97,6 +103,7 @@ typedef struct {
     uint16_t batch, format_version;
     uint8_t loss_kind;
     uint8_t input_dtype;          /* MT_DTYPE_F32, _I8 or _U8: what x holds */
+    uint8_t context_in_plan;      /* 1: the context runs in place from the plan (its section), not RAM */
 } mt_info_t;
 
 /* Loading and memory */
@@ -104,6 +111,10 @@ int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes);
 uint32_t mt_ram_bytes(const mt_ctx_t *ctx);
 int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes);
 int mt_reset(mt_ctx_t *ctx);
+/* After mt_load, before mt_attach: decode the context into RAM even where the plan carries it, for
+ * a plan in memory its owner can still write (the records run are then the ones validated);
+ * mt_ram_bytes grows by the context's bytes. MT_E_DETACHED with no plan, or RAM attached already. */
+int mt_context_in_ram(mt_ctx_t *ctx);
 
 /* Training and inference. x holds mt_input_len() elements of mt_input_dtype():
  * float32 (any alignment), or int8 / uint8 for a plan compiled for integer input

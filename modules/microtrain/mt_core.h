@@ -230,8 +230,8 @@ const mt_param_rec_t *mt_param_rec(const mt_ctx_t *ctx, uint32_t k);
 /* The index in the parameter table of the parameter at reference ref, MT_NO_TENSOR if none. */
 uint16_t mt_param_of(const mt_ctx_t *ctx, uint32_t ref);
 
-MT_INLINE uint8_t *mt_context(const mt_ctx_t *ctx) {
-    return ctx->ram + ctx->state_bytes + ctx->arena_bytes;
+MT_INLINE const uint8_t *mt_context(const mt_ctx_t *ctx) {
+    return ctx->context;
 }
 
 #endif /* MT_CORE_H */

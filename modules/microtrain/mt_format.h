@@ -4,7 +4,7 @@
 #define MT_FORMAT_H
 
 #define MT_MAGIC "MTPL"
-#define MT_VERSION 2
+#define MT_VERSION 3
 #define MT_ALIGN 8
 #define MT_NO_TENSOR 0xFFFF
 #define MT_NO_NAME 0xFFFFFFFFU
@@ -53,7 +53,9 @@
 #define MT_H_N_QUANT 112
 #define MT_H_INPUT_DTYPE 114
 #define MT_H_RESERVED3 115
-#define MT_H_RESERVED2 116
+#define MT_H_CONTEXT_OFF 116
+#define MT_H_CONTEXT_BYTES 120
+#define MT_H_RESERVED2 124
 
 /* tensor record field byte offsets */
 #define MT_TENSOR_BYTES 40

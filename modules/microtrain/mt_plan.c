@@ -105,6 +105,13 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
         || !section_ok(q_off, ctx->n_quant * (uint32_t)MT_QUANT_BYTES, file_bytes)) {
         FAIL(MT_E_SECTION, -1, -1);
     }
+    /* the prepared context (see ctx_check_t): 4-byte aligned within the file, or none at all */
+    ctx->section_off = mt_rd_u32(p + MT_H_CONTEXT_OFF);
+    ctx->section_bytes = mt_rd_u32(p + MT_H_CONTEXT_BYTES);
+    if (ctx->section_bytes == 0 ? ctx->section_off != 0
+                                : !section_ok(ctx->section_off, ctx->section_bytes, file_bytes)) {
+        FAIL(MT_E_SECTION, -1, -1);
+    }
     ctx->tensors = p + t_off;
     ctx->ops = p + o_off;
     ctx->data = p + d_off;
@@ -487,10 +494,43 @@ static int pipe_clear(const mt_ctx_t *ctx, const uint16_t *writer, const mt_op_t
     return 1;
 }
 
-/* Validate the op list and size (dest NULL) or write (dest) each op's record.
- * At attach, budget is what mt_load measured: a plan that changed since cannot
- * make the records outgrow it. */
-static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *total) {
+/* The plan's context section: the runtime context as mt_attach writes it (op records, then the
+ * parameter table), prepared by the host compiler running this same C (plan.py), so that a board
+ * can read it in place (from flash) instead of decoding it into RAM. It is used only where each
+ * record and table entry equals the one this core prepares, compared one at a time in a stack
+ * buffer; anything else (another core version, a record over the buffer, a damaged byte) and the
+ * context is decoded into RAM as without the section. Records are plain integers, floats and
+ * region-relative references (mt_core.h), the same bytes on every platform. The buffer holds the
+ * largest record there is (232 B, CONV_DW_PW_Q8's) with room: it is on the stack of mt_load. */
+#define MT_CHECK_BYTES 256
+typedef struct {
+    const uint8_t *section;
+    uint32_t bytes;
+    int same;                     /* 1 while everything compared so far matched */
+    union {
+        mt_rec_t rec;
+        mt_param_rec_t param;
+        uint32_t u[MT_CHECK_BYTES / 4];
+    } buf;
+} ctx_check_t;
+typedef char check_holds_a_param_entry[sizeof(mt_param_rec_t) <= MT_CHECK_BYTES ? 1 : -1];
+
+static void check_record(const mt_ctx_t *ctx, const mt_op_t *op, uint32_t at, uint32_t size, ctx_check_t *chk) {
+    if (!chk->same || size > sizeof chk->buf || at > chk->bytes || size > chk->bytes - at) {
+        chk->same = 0;
+        return;
+    }
+    memset(&chk->buf, 0, size);
+    mt_opdefs[op->code]->prepare(ctx, op, &chk->buf);
+    chk->buf.rec.code = op->code;
+    chk->buf.rec.bytes = (uint16_t)size;
+    chk->same = memcmp(&chk->buf, chk->section + at, size) == 0;
+}
+
+/* Validate the op list and size (dest NULL) or write (dest) each op's record, and compare each
+ * with the context section (chk, unless NULL). At attach, budget is what mt_load measured: a plan
+ * that changed since cannot make the records outgrow it. */
+static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *total, ctx_check_t *chk) {
     uint32_t pos = 0, at = 0, n_loss = 0, n_train = 0, n_sgd = 0;
     uint16_t pipe = MT_NO_TENSOR;   /* the pipe the op before wrote (CONV_DW_PW_Q8_TO_PIPE) */
     uint16_t writer[4] = {0, 0, 0, 0};   /* that op's arena tensors (PIPE_SLOTS) */
@@ -558,6 +598,9 @@ static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *tot
             rec->code = op.code;
             rec->bytes = (uint16_t)size;
         }
+        if (chk != NULL) {
+            check_record(ctx, &op, at, size, chk);
+        }
         at += size;
         pos = next;
     }
@@ -574,7 +617,8 @@ static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *tot
 }
 
 /* Everything but the header, at load and again at attach. */
-static int validate_structure(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *op_bytes) {
+static int validate_structure(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *op_bytes,
+                              ctx_check_t *chk) {
     int err = validate_tensors(ctx);
     if (err == MT_OK) {
         err = validate_state_disjoint(ctx);
@@ -583,9 +627,29 @@ static int validate_structure(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uin
         err = validate_io(ctx);
     }
     if (err == MT_OK) {
-        err = walk_ops(ctx, dest, budget, op_bytes);
+        err = walk_ops(ctx, dest, budget, op_bytes, chk);
     }
     return err;
+}
+
+static void param_entry(const mt_ctx_t *ctx, uint32_t i, mt_param_rec_t *p);
+
+/* After the records: the section holds the whole context, its parameter table included. */
+static int section_is_context(const mt_ctx_t *ctx, ctx_check_t *chk) {
+    if (!chk->same || chk->bytes != ctx->context_bytes) {
+        return 0;
+    }
+    const uint8_t *table = chk->section + ctx->params_at;
+    for (uint32_t i = 0; i < ctx->n_tensors; i++) {
+        if (tensor_record(ctx, i)[MT_T_FLAGS] & MT_TFLAG_PARAM) {
+            param_entry(ctx, i, &chk->buf.param);
+            if (memcmp(&chk->buf.param, table, sizeof chk->buf.param) != 0) {
+                return 0;
+            }
+            table += sizeof chk->buf.param;
+        }
+    }
+    return 1;
 }
 
 int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
@@ -595,15 +659,20 @@ int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
         FAIL(MT_E_ALIGN, -1, -1);
     }
     uint32_t op_bytes = 0;
+    ctx_check_t chk;
     int err = validate_header(ctx, (const uint8_t *)plan, plan_bytes);
     ctx->base[MT_REGION_CONST] = (uintptr_t)ctx->data - MT_REGION_CONST;
     ctx->base[MT_REGION_NONE] = (uintptr_t)0 - MT_REGION_NONE;
+    chk.section = (const uint8_t *)plan + ctx->section_off;
+    chk.bytes = ctx->section_bytes;
+    chk.same = chk.bytes != 0;
     if (err == MT_OK) {
-        err = validate_structure(ctx, NULL, 0, &op_bytes);
+        err = validate_structure(ctx, NULL, 0, &op_bytes, &chk);
     }
     if (err == MT_OK) {
         ctx->params_at = op_bytes;
         ctx->context_bytes = op_bytes + ctx->n_params * (uint32_t)sizeof(mt_param_rec_t);
+        ctx->context_in_plan = (uint8_t)section_is_context(ctx, &chk);
         if ((uint64_t)ctx->state_bytes + ctx->arena_bytes + ctx->context_bytes > 0x7FFFFFF8u) {
             ctx->err_op = -1;
             err = MT_E_HEADER;
@@ -618,34 +687,47 @@ int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
     return MT_OK;
 }
 
-uint32_t mt_ram_bytes(const mt_ctx_t *ctx) {
-    return ctx->plan != NULL ? ctx->state_bytes + ctx->arena_bytes + ctx->context_bytes : 0;
+int mt_context_in_ram(mt_ctx_t *ctx) {
+    mt_clear_error(ctx);
+    if (ctx->plan == NULL || ctx->ram != NULL) {
+        return MT_E_DETACHED;
+    }
+    ctx->context_in_plan = 0;
+    return MT_OK;
 }
 
-/* The parameter table, after the op records. */
-static void write_params(mt_ctx_t *ctx) {
-    mt_param_rec_t *p = (mt_param_rec_t *)(mt_context(ctx) + ctx->params_at);
+uint32_t mt_ram_bytes(const mt_ctx_t *ctx) {
+    return ctx->plan != NULL
+        ? ctx->state_bytes + ctx->arena_bytes + (ctx->context_in_plan ? 0u : ctx->context_bytes) : 0;
+}
+
+/* The parameter table's entry for parameter tensor i. */
+static void param_entry(const mt_ctx_t *ctx, uint32_t i, mt_param_rec_t *p) {
+    const uint8_t *r = tensor_record(ctx, i);
+    mt_tensor_t t;
+    tensor_view(ctx, (uint16_t)i, &t);
+    memset(p, 0, sizeof *p);
+    p->tensor = i;
+    p->state_off = mt_rd_u32(r + MT_T_OFFSET);
+    p->init_off = mt_rd_u32(r + MT_T_INIT);
+    p->bytes = mt_rd_u32(r + MT_T_BYTES);
+    p->n = t.n;
+    p->name = mt_rd_u32(r + MT_T_NAME);
+    memcpy(p->dim, t.dim, sizeof p->dim);
+    p->ndim = t.ndim;
+    p->dtype = t.dtype;
+    if (!mt_q8w_of(ctx, &t, &p->q8)) {
+        p->q8.scales = MT_REF_NONE;
+    }
+}
+
+/* The parameter table, after the op records of a context in RAM. */
+static void write_params(mt_ctx_t *ctx, uint8_t *context) {
+    mt_param_rec_t *p = (mt_param_rec_t *)(context + ctx->params_at);
     for (uint32_t i = 0; i < ctx->n_tensors; i++) {
-        const uint8_t *r = tensor_record(ctx, i);
-        if (!(r[MT_T_FLAGS] & MT_TFLAG_PARAM)) {
-            continue;
+        if (tensor_record(ctx, i)[MT_T_FLAGS] & MT_TFLAG_PARAM) {
+            param_entry(ctx, i, p++);
         }
-        mt_tensor_t t;
-        tensor_view(ctx, (uint16_t)i, &t);
-        memset(p, 0, sizeof *p);
-        p->tensor = i;
-        p->state_off = mt_rd_u32(r + MT_T_OFFSET);
-        p->init_off = mt_rd_u32(r + MT_T_INIT);
-        p->bytes = mt_rd_u32(r + MT_T_BYTES);
-        p->n = t.n;
-        p->name = mt_rd_u32(r + MT_T_NAME);
-        memcpy(p->dim, t.dim, sizeof p->dim);
-        p->ndim = t.ndim;
-        p->dtype = t.dtype;
-        if (!mt_q8w_of(ctx, &t, &p->q8)) {
-            p->q8.scales = MT_REF_NONE;
-        }
-        p++;
     }
 }
 
@@ -664,15 +746,29 @@ int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
     ctx->ram = (uint8_t *)ram;
     ctx->base[MT_REGION_STATE] = (uintptr_t)ctx->ram - MT_REGION_STATE;
     ctx->base[MT_REGION_ARENA] = (uintptr_t)(ctx->ram + ctx->state_bytes) - MT_REGION_ARENA;
-    int err = validate_structure(ctx, mt_context(ctx), ctx->params_at, &op_bytes);
-    if (err == MT_OK && (op_bytes != ctx->params_at || ctx->n_params != n_params)) {
+    uint8_t *context = ctx->ram + ctx->state_bytes + ctx->arena_bytes;
+    ctx_check_t chk;
+    chk.section = ctx->plan + ctx->section_off;
+    chk.bytes = ctx->section_bytes;
+    chk.same = 1;
+    /* a context in the plan is compared again, as one in RAM is decoded again: the plan may have
+     * changed since mt_load */
+    int err = ctx->context_in_plan ? validate_structure(ctx, NULL, 0, &op_bytes, &chk)
+                                   : validate_structure(ctx, context, ctx->params_at, &op_bytes, NULL);
+    if (err == MT_OK && (op_bytes != ctx->params_at || ctx->n_params != n_params
+                         || (ctx->context_in_plan && !section_is_context(ctx, &chk)))) {
         err = MT_E_CHANGED;
     }
     if (err != MT_OK) {
         ctx->ram = NULL;
         return err;
     }
-    write_params(ctx);
+    if (ctx->context_in_plan) {
+        ctx->context = chk.section;
+    } else {
+        write_params(ctx, context);
+        ctx->context = context;
+    }
     return mt_reset(ctx);
 }
 

@@ -46,6 +46,7 @@ int mt_info(const mt_ctx_t *ctx, mt_info_t *info) {
     info->batch = ctx->batch;
     info->loss_kind = ctx->loss_kind;
     info->input_dtype = ctx->input_dtype;
+    info->context_in_plan = ctx->context_in_plan;
     return MT_OK;
 }
 

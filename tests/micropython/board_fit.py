@@ -5,7 +5,8 @@
 import sys
 
 word = 8 if sys.maxsize > 2 ** 32 else 4
-plan = bytearray(PLAN)   # aligned, on the heap already: the constructor reads it in place
+plan = bytes(bytearray(PLAN))   # aligned, on the heap already, read-only: the constructor reads it and
+                                # its runtime context in place (a bytearray's context it decodes into RAM)
 
 
 def allocation(plan):

@@ -86,7 +86,8 @@ def _romfs_deploy(transport, image, partition=0):
 # frame buffer is not counted: it is allocated before the board reports mem_free.
 CHECKPOINT_EXTRA = 64 + 512
 SERVER_BYTES = 1024
-HEAP_PARTS = {"ram_bytes": "arena, state and context", "trainer": "Trainer object", "plan": "plan read into RAM",
+HEAP_PARTS = {"ram_bytes": "arena and state (and context, where not read from the plan)", "trainer": "Trainer object",
+              "plan": "plan read into RAM",
               "checkpoint": "checkpoint buffers", "pull": "parameter copies for pull", "server": "server"}
 
 
