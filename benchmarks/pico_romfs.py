@@ -136,9 +136,11 @@ def main():
         wall = time.time() - t
 
     print("heap: %d bytes; gc.mem_free() %d before Trainer(), %d after (grew %d); ram_bytes %d (arena %d, "
-          "trainable state %d, context %d)" % (got["heap_total"], got["free_before"], got["free_after"], got["grew"],
-                                              got["ram_bytes"], r["arena_bytes"], r["param_bytes"],
-                                              r["context_bytes"]))
+          "trainable state %d, context %d%s)" % (got["heap_total"], got["free_before"], got["free_after"],
+                                                got["grew"], got["ram_bytes"], r["arena_bytes"], r["param_bytes"],
+                                                r["context_ram_bytes"],
+                                                "; its %d B read from the plan in flash" % r["context_bytes"]
+                                                if r["context_in_plan"] else ""))
     print("peak heap in use: %d of %d bytes (%d free at the least)" % (got["peak_alloc"], got["heap_total"],
                                                                      got["heap_total"] - got["peak_alloc"]))
     us = [s["us"] for s in got["steps"]]

@@ -11,7 +11,8 @@ its flash there at boot.
 The plan is an int8 CNN on scikit-learn's digits whose frozen int8 constants (about 220 KB)
 are more than the board's whole heap (140 KB): it cannot load unless it is read in place.
 The board measures gc.mem_alloc() around `microtrain.Trainer(f)`; the increase must be the
-Trainer's RAM block (arena + trainable state + runtime context, info()["ram_bytes"]) plus
+Trainer's RAM block (arena + trainable state, info()["ram_bytes"]; the runtime context is read
+from the plan) plus
 the object itself, and far below the plan's const_bytes. Then it trains the last layer for
 a few steps and its losses and parameters are compared with the host simulator's bit for
 bit (same C core, same float32 operations: the int8 backbone is integer arithmetic and the
@@ -165,7 +166,7 @@ def test_plan_from_romfs_is_read_in_place(qemu_ready, plans, tmp_path):
         r = plans[name].report()
         print("ROMFS %s: %d bytes, const_bytes %d; heap %d; Trainer(f) grew the heap by %d bytes, ram_bytes %d "
               "(arena %d, state %d, context %d)" % (name, plan_bytes, const, heap, grew, ram, r["arena_bytes"],
-                                                   r["param_bytes"], r["context_bytes"]))
+                                                   r["param_bytes"], r["context_ram_bytes"]))
         assert (ram, const, plan_bytes) == (r["ram_bytes"], r["const_bytes"], len(plans[name].data))
         assert ram <= grew <= ram + SLACK, "%s: the heap grew by %d bytes, the Trainer's RAM is %d" % (name, grew, ram)
         assert grew < const // 4
@@ -182,7 +183,8 @@ def test_plan_from_romfs_is_read_in_place(qemu_ready, plans, tmp_path):
 
 
 # ---- MIT's MCUNet-5fps with its 49kb sparse scheme, constants on ROMFS (issue 10) ----------------
-# The int8 plan is 1.8 MB, far past any heap; its RAM (arena + trainable state + context) is
+# The int8 plan is 1.8 MB, far past any heap; its RAM (arena + trainable state; the context stays
+# in the plan) is
 # more than the 140 KB of the standard qemu build, so it runs on the same board's firmware built
 # with a 1 MB heap (`make firmware-natmod-tests`, build/firmware-natmod-tests/mps2_an500).
 BIG_HEAP_FIRMWARE = os.path.join(mptargets.NATMOD_FIRMWARE, "mps2_an500", "firmware.elf")
@@ -260,7 +262,8 @@ def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path, scheme):
     r = plan.report()
     print("MCUNet-5fps %s from ROMFS on MPS2_AN500 (heap %d): plan %d bytes, const_bytes %d; Trainer(f) grew the "
           "heap by %d bytes, ram_bytes %d (arena %d, state %d, context %d)"
-          % (scheme, heap, len(plan.data), const, grew, ram, r["arena_bytes"], r["param_bytes"], r["context_bytes"]))
+          % (scheme, heap, len(plan.data), const, grew, ram, r["arena_bytes"], r["param_bytes"],
+             r["context_ram_bytes"]))
     assert (ram, const) == (r["ram_bytes"], r["const_bytes"])
     # the Trainer's RAM block, the object and the open file's buffers: nothing of the 1.7 MB of constants
     assert ram <= grew <= ram + 2 * SLACK
