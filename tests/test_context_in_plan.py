@@ -131,19 +131,22 @@ def test_a_section_shorter_or_longer_than_the_context_is_decoded_into_ram(plan, 
     assert_same_run(Core(other), Core(without_section(plan.data)))
 
 
-@pytest.mark.parametrize("fields", [dict(context_off=4), dict(context_bytes=8), dict(context_off=0),
-                                    dict(context_bytes=10 ** 6)])
-def test_a_section_outside_the_file_or_misaligned_is_refused(fields):
+BAD_SECTIONS = {   # header fields from the good plan's (h) and the plan without its section (bare)
+    "misaligned": lambda h, bare: dict(context_off=h["context_off"] + 4),
+    "inside the header": lambda h, bare: dict(context_off=0),
+    "past the file": lambda h, bare: dict(context_bytes=10 ** 6),
+    "bytes without an offset": lambda h, bare: dict(context_off=0, context_bytes=8),
+    "an offset without bytes": lambda h, bare: dict(context_off=bare["file_bytes"] - 8, context_bytes=0),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_SECTIONS))
+def test_a_section_outside_the_file_or_misaligned_is_refused(what):
     data = float_plan().data
-    h = header(data)
-    if "context_off" in fields and fields["context_off"] == 4:
-        fields = dict(context_off=h["context_off"] + 4)   # misaligned
-    elif "context_bytes" in fields and fields["context_bytes"] == 8:
-        fields = dict(context_off=0, context_bytes=8)      # bytes without an offset
+    bare = without_section(data)
+    base = bare if what == "an offset without bytes" else data
     with pytest.raises(PlanError, match="section"):
-        Core(with_header(data, **fields))
-    with pytest.raises(PlanError, match="section"):
-        Core(with_header(without_section(data), context_off=h["context_off"]))   # an offset without bytes
+        Core(with_header(base, **BAD_SECTIONS[what](header(data), header(bare))))
 
 
 def test_the_binding_for_a_writable_buffer_decodes_the_context_into_ram(plan):
