@@ -171,3 +171,19 @@ def test_a_section_changed_between_load_and_attach_is_refused():
     ram = ffi.new("uint64_t[]", (n + 7) // 8)
     err = lib.mt_attach(ctx, ram, n)
     assert "changed" in error_text(ctx, err)
+
+
+def test_deploy_warns_when_the_board_decodes_the_context_into_ram(plan):
+    """What a board whose core prepares other records reports (a damaged section stands in for
+    them: the same C, decoding into RAM) makes Board.deploy warn, naming the RAM it costs; a board
+    that reads the plan's section makes it say nothing."""
+    from microtrain.device.board import _warn_context
+    h = header(plan.data)
+    fallback = Core(damaged(plan.data, 4)).info()
+    with pytest.warns(RuntimeWarning, match=r"runtime context into RAM \(%d bytes more" % h["context_bytes"]):
+        _warn_context(plan, {"trainer": fallback})
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_context(plan, {"trainer": Core(plan.data).info()})
+        _warn_context(plan, {"trainer": None})

@@ -305,4 +305,4 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
                       io=(inp, tgt, out), loss=loss, batch=batch, lr=lr, momentum=momentum,
                       weight_decay=weight_decay, macs=macs_total(ops), meta=meta, quants=quants,
                       input_dtype=input_dtype)
-    return Plan(with_context(data))
+    return Plan(*with_context(data))

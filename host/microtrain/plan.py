@@ -87,36 +87,43 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         reserved2=b"\0" * 12)
     if len(tensors) > 0xFFFE or len(ops) > 0xFFFF:
         raise ValueError("model too large for plan format %d: %d tensors, %d ops" % (F.VERSION, len(tensors), len(ops)))
+    return _seal(out, fields)
+
+
+def _seal(out, fields):
+    """out (bytearray) with its header packed from fields and its CRC over everything after it."""
     out[:F.HEADER_BYTES] = F.HEADER_STRUCT.pack(*[fields[n] for n, _ in F.HEADER_FIELDS])
-    crc = zlib.crc32(bytes(out[F.CRC_START:]))
-    out[F.header_offsets()["crc32"]:F.header_offsets()["crc32"] + 4] = struct.pack("<I", crc)
+    crc = F.header_offsets()["crc32"]
+    out[crc:crc + 4] = struct.pack("<I", zlib.crc32(bytes(out[F.CRC_START:])))
     return bytes(out)
 
 
 def with_context(data):
-    """data with its runtime context section (format.py's context_off and context_bytes): the
-    context the C core decodes from this plan at attach, prepared here by the same C, so that a
-    board runs it in place from the plan (flash) instead of decoding it into RAM. mt_load compares
-    it with what the board's core prepares and uses it only where every byte agrees. data as it
-    was if the core would not use it (a record over the core's compare buffer)."""
-    image = Core(data).context_image()
+    """(plan bytes, the core's info() of them): data with its runtime context section
+    (format.py's context_off and context_bytes): the context the C core decodes from this plan at
+    attach, prepared here by the same C, so that a board runs it in place from the plan (flash)
+    instead of decoding it into RAM. mt_load compares it with what the board's core prepares and
+    uses it only where every byte agrees. data as it was if the core would not use it (a record
+    over the core's compare buffer)."""
+    core = Core(data)
+    image = core.context_image()
     off = _align(len(data))
     out = bytearray(data) + bytes(off - len(data)) + image
     h = dict(zip((n for n, _ in F.HEADER_FIELDS), F.HEADER_STRUCT.unpack_from(out, 0)))
     h.update(file_bytes=len(out), context_off=off, context_bytes=len(image), crc32=0)
-    out[:F.HEADER_BYTES] = F.HEADER_STRUCT.pack(*h.values())
-    crc = F.header_offsets()["crc32"]
-    out[crc:crc + 4] = struct.pack("<I", zlib.crc32(bytes(out[F.CRC_START:])))
-    return bytes(out) if Core(bytes(out)).info()["context_in_plan"] else data
+    sealed = _seal(out, h)
+    info = Core(sealed).info()
+    return (sealed, info) if info["context_in_plan"] else (data, core.info())
 
 
 class Plan:
     """A validated plan. Build with microtrain.compile() or load_plan()."""
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, _info=None):
         _check_kind(data)
-        core = Core(data)     # the C validator decides; raises PlanError (ValueError)
-        info = core.info()
+        # the C validator decides; raises PlanError (ValueError). _info: Core(data).info(), from
+        # a caller that has just made it (with_context), not made again
+        info = _info or Core(data).info()
         self.context_bytes = info["context_bytes"]       # the decoded plan: in RAM, or read in place
         self.context_in_plan = info["context_in_plan"]   # from the plan's context section (no RAM)
         self.ram_bytes = info["ram_bytes"]

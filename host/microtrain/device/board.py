@@ -16,6 +16,7 @@ import io
 import json
 import struct
 import time
+import warnings
 import zlib
 
 import numpy as np
@@ -89,6 +90,27 @@ SERVER_BYTES = 1024
 HEAP_PARTS = {"ram_bytes": "arena and state (and context, where not read from the plan)", "trainer": "Trainer object",
               "plan": "plan read into RAM",
               "checkpoint": "checkpoint buffers", "pull": "parameter copies for pull", "server": "server"}
+
+
+def _warn_context(plan, info):
+    """info, after a RuntimeWarning if the board's context is in RAM where the host's is not."""
+    why = context_warning(plan, info.get("trainer") or {})
+    if why:
+        warnings.warn(why, RuntimeWarning, stacklevel=3)
+    return info
+
+
+def context_warning(plan, trainer):
+    """Why the board spends more RAM than plan.report() says, or None: the plan's runtime context
+    section, which this machine's core reads in place, was not what the board's core prepares (a
+    firmware built from other microtrain sources, or by a compiler that computes a record
+    differently), so the board decoded the context into RAM. trainer: the board's Trainer.info()."""
+    if plan.context_in_plan and not trainer.get("context_in_plan", True):
+        return ("the board decoded the plan's runtime context into RAM (%d bytes more than `microtrain report` "
+                "counts): its microtrain core prepares records that differ from this machine's, so it did not use "
+                "the plan's context section; flash a firmware built from this microtrain to read it from the plan"
+                % trainer["context_bytes"])
+    return None
 
 
 class Sizer:
@@ -336,7 +358,7 @@ class Board:
             raise FirmwareError("the board could not load the plan: %s" % info["plan_error"])
         self.facts = self.link.request_json(P.HELLO, {"version": P.VERSION})
         self._plan = plan
-        return info
+        return _warn_context(plan, info)
 
     def _deploy_romfs(self, plan):
         """The plan as /rom/plan.mtp: an image (microtrain.romfs, the plan 8-byte aligned)
@@ -366,7 +388,7 @@ class Board:
             raise FirmwareError("the board did not load the plan from ROMFS (%s)"
                                 % (facts.get("plan_error") or "it has plan %r" % (facts["plan"],)))
         self._plan = plan
-        return self.info()
+        return _warn_context(plan, self.info())
 
     def heap_needed(self, plan, in_ram=True):
         """{part: bytes} of the board's heap that training this plan through the server

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 import numpy as np
 
@@ -66,14 +67,18 @@ def _data(path, test=False):
 def deploy(args):
     from ..plan import load_plan
     plan = load_plan(args.plan)
-    with _board(args) as b:
+    with _board(args) as b, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
         info = b.deploy(plan, romfs=args.romfs)
         t = info["trainer"]
-        print("deployed %s to %s: plan %d bytes %s, RAM %d bytes (arena %d + parameters %d); board heap %d bytes "
+        print("deployed %s to %s: plan %d bytes %s, RAM %d bytes (arena %d + parameters %d%s); board heap %d bytes "
               "free; plan format %d" % (args.plan, b.port, len(plan.data),
                                           "on ROMFS (in flash)" if info["plan"]["rom"] else "in a file",
-                                          t["ram_bytes"], t["arena_bytes"], t["param_bytes"], info["mem_free"],
-                                          info["format_version"]))
+                                          t["ram_bytes"], t["arena_bytes"], t["param_bytes"],
+                                          "" if t.get("context_in_plan") else " + runtime context %d" % t["context_bytes"],
+                                          info["mem_free"], info["format_version"]))
+        for w in caught:
+            print("warning: %s" % w.message, file=sys.stderr)
 
 
 def train(args):
