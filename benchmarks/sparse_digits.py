@@ -9,8 +9,10 @@ down, its contrast scaled by 0.6 around 0.5 and Gaussian noise of 0.05 added (a 
 centre, in flatter light). The adaptation set is 600 shifted images; the test set the other
 shifted images (of digits never seen in adaptation). Rows: no adaptation, last layer, every
 bias, a MIT-style sparse scheme (biases of the two blocks + a quarter / half of the input
-channels of their 1x1 expansion convs + the head), the scheme --budget chooses for the sparse
-scheme's peak RAM, and full float fine-tuning in PyTorch (the same per-sample SGD, the best of
+channels of their 1x1 expansion convs + the head), the schemes --budget chooses for the sparse
+scheme's peak RAM (by its fit-first rule, and by a probe on a proxy task: --budget-probe with 600
+source-domain images blurred, brightened and noised, PROXY below, a change of another kind than
+the shifted domain's: the user's own data never reach the host), and full float fine-tuning in PyTorch (the same per-sample SGD, the best of
 three learning rates, which favours the reference), each with its test accuracy and peak RAM
 (for PyTorch the float full-update plan's, its activations kept as PyTorch's autograd keeps them;
 the same plan with saved activations made again in the backward, recompute.py, is printed
@@ -67,6 +69,14 @@ def shift_domain(x, rng):
     y = np.zeros_like(x)
     y[..., 1:, 1:] = x[..., :-1, :-1]
     return ((y - 0.5) * 0.6 + 0.5 + rng.normal(0, 0.05, size=y.shape)).astype(np.float32)
+
+
+def proxy_domain(x, rng):
+    """The probe's proxy task (budget.py): a 3x3 box blur, brightness 0.8x + 0.2, noise sigma 0.1.
+    What a developer can make from the images the host has, without the user's."""
+    pad = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
+    blurred = sum(pad[..., i:i + x.shape[-2], j:j + x.shape[-1]] for i in range(3) for j in range(3)) / 9
+    return (blurred * 0.8 + 0.2 + rng.normal(0, 0.1, size=x.shape)).astype(np.float32)
 
 
 def torch_fit(model, x, y, epochs, batch=1, adam=False, lr=LR):
@@ -129,7 +139,9 @@ def main():
                  "every bias + head": microtrain.compile(path, update=_biases_and_head(path), **q),
                  "sparse scheme": microtrain.compile(path, update=sparse, **q)}
         budget = plans["sparse scheme"].report()["peak_ram_bytes"]
-        plans["budget %d B" % budget] = choose(path, budget, **q)[1]
+        plans["budget %d B, fit-first" % budget] = choose(path, budget, **q)[1]
+        proxy = (proxy_domain(src_x[:600], np.random.default_rng(5)), src_y[:600])
+        plans["budget %d B, proxy probe" % budget] = choose(path, budget, probe=proxy, **q)[1]
         # PyTorch's autograd keeps every activation the backward reads: so does this plan
         full_plan = microtrain.compile(path, update="full", lr=LR, momentum=MOMENTUM, recompute=False)
         full_recompute = microtrain.compile(path, update="full", lr=LR, momentum=MOMENTUM)
@@ -141,6 +153,12 @@ def main():
         sim.fit(ada_x, ada_y, epochs=args.epochs, progress=False)
         rows.append(dict(mode=name, accuracy=sim.evaluate(test_x, test_y),
                          peak_ram_bytes=plan.report()["peak_ram_bytes"]))
+        if name.startswith("budget"):   # what it chose
+            u = plan.meta["update"]
+            rows[-1]["scheme"] = {"biases": [b["conv_index"] for b in u["bias_updates"]],
+                                  "weights": [[w["conv_index"], w["ratio"]] for w in u["weight_updates"]]}
+            print("%s: biases of convs %s, weights %s" % (name, rows[-1]["scheme"]["biases"],
+                                                         rows[-1]["scheme"]["weights"]), flush=True)
     best = None
     for lr in FULL_LRS:   # the reference gets the best of several learning rates
         tuned = Net()

@@ -12,6 +12,14 @@ from the plan) with the compile options given:
    fraction of its input channels among 1/8, 1/4, 1/2 and 1 (MIT's magnitude+ channels) that
    still fits, or nothing.
 
+With probe data (probe=(x, y), labelled samples of a task like the user's: a proxy the host has,
+not the user's own data, which stays on the board), the choice is by learning instead of by fit:
+every N whose biases fit (step 2) gives a candidate, its weights filled as in step 3; each
+candidate's plan trains probe_epochs epochs on the first 4/5 of the probe samples (shuffled with
+seed 0) in the simulator, and the candidate with the lowest mean loss on the last fifth wins (the
+smaller peak on a tie). MIT's paper measures each layer's contribution on a proxy task the same
+way, then searches accuracy per byte.
+
 Calibration ranges do not depend on what trains, so with quantize="int8" the search calibrates
 once.
 """
@@ -19,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+
+import numpy as np
 
 RATIOS = (0.125, 0.25, 0.5, 1.0)
 UNITS = {"": 1, "b": 1, "kb": 1024, "k": 1024, "kib": 1024, "mb": 1 << 20, "m": 1 << 20, "mib": 1 << 20}
@@ -51,13 +61,18 @@ def _calibrate_once():
         quantize.calibrate = original
 
 
-def choose(model, budget, log=None, **options):
-    """(scheme dict, Plan) of the rule above for `model`; options go to microtrain.compile."""
+def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
+    """(scheme dict, Plan) of the rule above for `model`; options go to microtrain.compile.
+    probe: (x, y) labelled samples to choose by learning (module docstring)."""
     from .compiler import compile as compile_plan
     from .onnx_import import import_onnx
     from .schemes import conv_layers
     budget = parse_bytes(budget)
     say = log or (lambda line: None)
+    if probe is not None and (isinstance(probe_epochs, bool) or not isinstance(probe_epochs, int) or probe_epochs < 1):
+        raise ValueError("probe_epochs must be a whole number >= 1, got %r" % (probe_epochs,))
+    if probe is not None and (not isinstance(probe, (tuple, list)) or len(probe) != 2):
+        raise ValueError("probe must be (x, y): labelled samples, got %s" % type(probe).__name__)
     graph = import_onnx(model, options.get("loss", "cross-entropy"))
     convs = conv_layers(graph)
     if not any(n.op == "gemm" for n in graph.layers()):
@@ -86,29 +101,72 @@ def choose(model, budget, log=None, **options):
                              "trainable state %d, context %d). Give at least that, or reduce the arena (int8 "
                              "frozen part: quantize='int8'; saved='bits')" % (budget, peak, r["arena_bytes"],
                                                                              r["param_bytes"], r["context_ram_bytes"]))
-        lo, hi = 0, len(convs)   # largest N whose biases fit: lo fits, anything above hi does not
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            p, _ = cost(scheme_of(mid, []))
-            say("biases of the last %d convs: peak RAM %d B%s" % (mid, p, "" if p <= budget else " (over)"))
-            lo, hi = (mid, hi) if p <= budget else (lo, mid - 1)
-        n_bias, weights = lo, []
-        for k in reversed(range(len(convs) - n_bias, len(convs))):
-            n = convs[k]
-            if n.attrs.get("groups", 1) > 1:
-                continue
-            fit = None
-            for r in RATIOS:
-                p, _ = cost(scheme_of(n_bias, weights + [(k, r)]))
-                say("conv %d '%s' weight, ratio %g: peak RAM %d B%s" % (k, n.onnx_name, r, p,
-                                                                        "" if p <= budget else " (over)"))
+        def fill(n_bias):
+            """Step 3 for the biases of the last n_bias convs: the weights, from the last conv back."""
+            weights = []
+            for k in reversed(range(len(convs) - n_bias, len(convs))):
+                n = convs[k]
+                if n.attrs.get("groups", 1) > 1:
+                    continue
+                fit = None
+                for r in RATIOS:
+                    p, _ = cost(scheme_of(n_bias, weights + [(k, r)]))
+                    say("conv %d '%s' weight, ratio %g: peak RAM %d B%s" % (k, n.onnx_name, r, p,
+                                                                            "" if p <= budget else " (over)"))
+                    if p > budget:
+                        break
+                    fit = r
+                if fit is not None:
+                    weights.append((k, fit))
+            return weights
+
+        if probe is None:
+            lo, hi = 0, len(convs)   # largest N whose biases fit: lo fits, anything above hi does not
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                p, _ = cost(scheme_of(mid, []))
+                say("biases of the last %d convs: peak RAM %d B%s" % (mid, p, "" if p <= budget else " (over)"))
+                lo, hi = (mid, hi) if p <= budget else (lo, mid - 1)
+            n_bias = lo
+            weights = fill(n_bias)
+        else:
+            scored = []
+            for n in range(len(convs) + 1):
+                p, _ = cost(scheme_of(n, []))
+                say("biases of the last %d convs: peak RAM %d B%s" % (n, p, "" if p <= budget else " (over)"))
                 if p > budget:
-                    break
-                fit = r
-            if fit is not None:
-                weights.append((k, fit))
+                    continue
+                w = fill(n)
+                peak, plan = cost(scheme_of(n, w))
+                loss = probe_loss(plan, probe, probe_epochs)
+                say("candidate: biases of the last %d convs, weights %s: peak RAM %d B, probe loss %.4f"
+                    % (n, ", ".join("conv %d x%g" % c for c in w) or "none", peak, loss))
+                scored.append((loss, peak, n, w))
+            _, _, n_bias, weights = min(scored, key=lambda c: c[:2])
         best = scheme_of(n_bias, weights)
         peak, plan = cost(best)
     say("chosen: classifier, biases of the last %d convs, weights %s: peak RAM %d B of %d B"
         % (n_bias, ", ".join("conv %d x%g" % w for w in weights) or "none", peak, budget))
     return best, plan
+
+
+def probe_loss(plan, probe, epochs):
+    """The mean loss on the last fifth of the probe samples (shuffled with seed 0) after `epochs`
+    epochs of training on the rest, in the simulator; inf where training diverges."""
+    from .simulator import Simulator, TrainingDiverged
+    sim = Simulator(plan)
+    x, y = sim.check_data(*probe, names=("probe x", "probe y"))
+    if len(x) < 5:
+        raise ValueError("probe: %d samples; give at least 5 (4/5 train, 1/5 held out)" % len(x))
+    order = np.random.default_rng(0).permutation(len(x))
+    cut = len(x) - len(x) // 5
+    train, held = order[:cut], order[cut:]
+    try:
+        sim.fit(x[train], y[train], epochs=epochs, progress=False)
+    except TrainingDiverged:
+        return float("inf")
+    out = sim.predict(x[held]).reshape(len(held), -1).astype(np.float64)
+    if plan.loss != "cross-entropy":
+        return float(np.mean((out - y[held].reshape(len(held), -1)) ** 2))
+    out -= out.max(axis=1, keepdims=True)
+    return float(np.mean(np.log(np.exp(out).sum(axis=1)) - out[np.arange(len(held)), y[held].astype(np.int64)]))

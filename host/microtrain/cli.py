@@ -42,9 +42,16 @@ def _compile(args):
         if args.update != "last-layer" or args.scheme:
             raise ValueError("--budget chooses what trains: give it without --update/--scheme")
         from .budget import choose
-        scheme, plan = choose(args.model, args.budget, log=lambda line: print("budget: " + line), **options)
+        probe = None
+        if args.budget_probe:
+            d = load_data(args.budget_probe, "--budget-probe")
+            probe = (d["x"], d["y"])
+        scheme, plan = choose(args.model, args.budget, log=lambda line: print("budget: " + line, flush=True),
+                              probe=probe, probe_epochs=args.probe_epochs, **options)
         print("budget: scheme " + json.dumps(scheme))
     else:
+        if args.budget_probe:
+            raise ValueError("--budget-probe chooses among the schemes a budget fits: give it with --budget")
         plan = compile(args.model, update=args.update, scheme=args.scheme, **options)
     fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
@@ -176,14 +183,14 @@ def load_npz(path, option):
     return d
 
 
-def load_data(path):
-    d = load_npz(path, "--data")
+def load_data(path, option="--data"):
+    d = load_npz(path, option)
     missing = [k for k in ("x", "y") if k not in d.files]
     if missing:
-        raise ValueError("--data %s lacks array(s) %s; it must hold x (samples first) and y" % (path, missing))
+        raise ValueError("%s %s lacks array(s) %s; it must hold x (samples first) and y" % (option, path, missing))
     if ("x_test" in d.files) != ("y_test" in d.files):
-        raise ValueError("--data %s holds %s without %s; give both or neither"
-                         % ((path,) + (("x_test", "y_test") if "x_test" in d.files else ("y_test", "x_test"))))
+        raise ValueError("%s %s holds %s without %s; give both or neither"
+                         % ((option, path) + (("x_test", "y_test") if "x_test" in d.files else ("y_test", "x_test"))))
     return d
 
 
@@ -312,6 +319,10 @@ def parser():
     c.add_argument("--budget", metavar="SIZE", default=None,
                    help="choose what trains so that peak RAM fits SIZE (e.g. 200KB): the classifier, the biases "
                    "of the last convs, then input-channel fractions of their weights (docs/sparse.md)")
+    c.add_argument("--budget-probe", metavar="DATA.npz", default=None,
+                   help="with --budget: labelled samples of a proxy task (x, y), not the user's own data; each "
+                   "scheme that fits trains on 4/5 of them in the simulator and the lowest loss on the rest wins")
+    c.add_argument("--probe-epochs", type=int, default=2, help="epochs of each --budget-probe training")
     c.add_argument("--scheme", metavar="NAME", default=None,
                    help="the scheme of a *.schemes.json --update file to use (for example 49kb); docs/sparse.md")
     c.add_argument("--loss", default="cross-entropy", choices=["cross-entropy", "mse"],

@@ -67,7 +67,8 @@ INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
             input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None,
-            int8_fuse=True, frozen_weights="float32", trained_weights="float32", recompute=True):
+            int8_fuse=True, frozen_weights="float32", trained_weights="float32", recompute=True,
+            budget_probe=None):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -94,7 +95,9 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     as in an int8 model; "bits" keeps the mask of every Clip (ReLU, ReLU6) output the backward
     reads only for its mask as 1 bit per element (MASK_PACK, MASK_BWD), gradients exactly those of
     "float32" (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
-    of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen).
+    of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen);
+    budget_probe ((x, y), labelled samples of a proxy task) chooses among the schemes that fit by
+    their held-out loss after a short training in the simulator (budget.py).
     int8_fuse: True streams frozen int8 convs so that their large tensors are never stored, with the
     same integers (q8_fuse.py): a conv, the depthwise conv that alone reads it and the 1x1 conv that
     alone reads that, row by row (CONV_DW_PW_Q8: a stem and its first block, an inverted-residual
@@ -126,7 +129,9 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                       planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
                       input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
                       int8_fuse=int8_fuse, frozen_weights=frozen_weights, trained_weights=trained_weights,
-                      recompute=recompute)[1]
+                      recompute=recompute, probe=budget_probe)[1]
+    if budget_probe is not None:
+        raise ValueError("budget_probe chooses among the schemes a budget fits: give it with budget")
     if recompute not in (True, False):
         raise ValueError("recompute must be True or False, got %r" % (recompute,))
     if int8_fuse not in (True, False, "pwdw"):
