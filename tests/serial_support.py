@@ -1,7 +1,9 @@
 """Shared by the serial tests: boards to test against, a small data set, and the oracle.
 
 Boards: the qemu MPS2_AN500 firmware on a pseudo-terminal (the code path of a real
-USB serial port) and the unix port on one; both built by `make firmware`.
+USB serial port), the unix port on one, and the RPI_PICO firmware in rp2040js with its
+USB CDC on one (a RAM disk for its files: rp2040js has no flash writes); all built by
+`make firmware` (the Pico's emulator by `make rp2040js`).
 MICROTRAIN_FIRMWARE_QEMU / MICROTRAIN_FIRMWARE_UNIX point the tests at other builds.
 
 Data: scikit-learn's bundled iris (150 samples, 4 features, 3 classes), standardised,
@@ -21,7 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRMWARE = {
     "qemu": os.environ.get("MICROTRAIN_FIRMWARE_QEMU") or os.path.join(ROOT, "build", "firmware", "mps2_an500", "firmware.elf"),
     "unix": os.environ.get("MICROTRAIN_FIRMWARE_UNIX") or os.path.join(ROOT, "build", "firmware", "unix", "micropython"),
+    "pico": os.path.join(ROOT, "build", "firmware", "rpi_pico", "firmware.uf2"),
 }
+RP2040JS = os.path.join(ROOT, "tests", "rp2040js")
 EPOCHS = 3
 SEED = 7
 TOL = 1e-5
@@ -40,13 +44,29 @@ def need(target):
         skip("no %s firmware at %s; run `make firmware`" % (target, os.path.relpath(fw, ROOT)))
     if target == "qemu" and not shutil.which("qemu-system-arm"):
         skip("qemu-system-arm not found (Debian/Ubuntu: apt-get install qemu-system-arm)")
+    if target == "pico":
+        if not os.path.isdir(os.path.join(RP2040JS, "node_modules", "rp2040js")):
+            skip("rp2040js is not installed; run `make rp2040js`")
+        if bootrom() is None:
+            skip("no RP2040 boot ROM for rp2040js (rp2040-bootrom-B1.ts in the vendored sources)")
     return fw
 
 
+def bootrom():
+    from microtrain.device.emulated import pico_bootrom
+    try:
+        return pico_bootrom()
+    except FileNotFoundError:
+        return None
+
+
 def make_board(target, **kw):
-    from microtrain.device.emulated import QemuBoard, UnixBoard
+    from microtrain.device.emulated import PICO_BRIDGE, PicoBoard, QemuBoard, UnixBoard
     fw = need(target)
-    b = QemuBoard(fw, **kw) if target == "qemu" else UnixBoard(fw, **kw)
+    if target == "pico":
+        b = PicoBoard(fw, bootrom(), PICO_BRIDGE, **kw)
+    else:
+        b = QemuBoard(fw, **kw) if target == "qemu" else UnixBoard(fw, **kw)
     b.start()
     return b
 

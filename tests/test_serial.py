@@ -15,7 +15,7 @@ from serial_support import (EPOCHS, SEED, TOL, assert_params_equal, compile_mlp,
                             make_board, oracle)
 
 # qemu with the default (dynamo) exporter, unix with the TorchScript one
-TARGETS = [("qemu", "dynamo"), ("unix", "ts13")]
+TARGETS = [("qemu", "dynamo"), ("unix", "ts13"), ("pico", "dynamo")]
 
 
 def run_cli(capsys, *argv):

@@ -3,7 +3,7 @@ run (the host simulator doing every sample once, in order): nothing lost, no sam
 trained twice. Each test prints how many frames were resent.
 
 - a line that corrupts or drops 1% of the bytes in each direction (a proxy between
-  the board's pty and the host)
+  the board's pty and the host), on the qemu board and on the Pico in rp2040js
 - the board reset in the middle of training
 - the board reset, or its power cut, in the middle of a checkpoint save
 - the host killed in the middle of training, then `microtrain train --resume`
@@ -40,11 +40,13 @@ def deploy(port, plan):
         b.deploy(plan)
 
 
-def test_noisy_line(setup):
+@pytest.mark.parametrize("target", ["qemu", "pico"])
+def test_noisy_line(setup, target):
     """1% of the bytes damaged in each direction, half dropped and half corrupted, from
-    the first byte of connect (the raw REPL starting the server) to the last of pull."""
+    the first byte of connect (the raw REPL starting the server) to the last of pull; on the
+    qemu board's UART and on the Pico's USB CDC (rp2040js)."""
     plan, x, y, sim, _ = setup
-    board = make_board("qemu")
+    board = make_board(target)
     proxy = None
     try:
         proxy = Proxy(board.port, rate=0.01, seed=1)
@@ -61,8 +63,8 @@ def test_noisy_line(setup):
         if proxy is not None:
             proxy.close()
         board.close()
-    print("\nnoisy line: %d bytes damaged (to board %d, to host %d) in %.0f s; frames resent: %d; %s"
-          % (sum(proxy.damaged.values()), proxy.damaged["to_board"], proxy.damaged["to_host"], seconds,
+    print("\nnoisy line (%s): %d bytes damaged (to board %d, to host %d) in %.0f s; frames resent: %d; %s"
+          % (target, sum(proxy.damaged.values()), proxy.damaged["to_board"], proxy.damaged["to_host"], seconds,
              b.stats.resent, b.stats))
     assert out["samples"] == EPOCHS * len(x)
     # the line really was that bad, in both directions

@@ -10,6 +10,11 @@ QemuBoard   the qemu MPS2_AN500 firmware, its UART on a pty (`-serial pty`). Its
             would be. The firmware must be built with MICROPY_VFS_LFS2=1.
 UnixBoard   MicroPython's unix port on a pty of its own, in a directory that is its
             filesystem; a reset is a power cut (the process killed and started again).
+PicoBoard   the RPI_PICO firmware in rp2040js (npm), its USB CDC serial on a pty
+            (tests/rp2040js/pty_bridge.py): the path a real Pico's USB serial takes.
+            rp2040js does not emulate flash writes, so the board's filesystem is a RAM
+            disk in its heap (microtrain.ramdisk over a bytearray), mounted through the
+            raw REPL before the server starts; a reset or power cut loses it.
 Proxy       copies bytes between a board's port and a new pty, optionally corrupting
             or dropping a fraction of them in each direction; the host opens
             proxy.port. The port stays the same when the board behind it restarts.
@@ -25,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -180,6 +186,76 @@ class QemuBoard(_Emulated):
         self.stop()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class PicoBoard(_Emulated):
+    """The RPI_PICO firmware in rp2040js (module docstring). bridge: tests/rp2040js/pty_bridge.py;
+    bootrom: the RP2040 boot ROM for rp2040js (rp2040-bootrom-B1.ts, firmware/README.md);
+    disk_bytes: the RAM disk the server keeps its plan and checkpoints on."""
+
+    # run in the raw REPL once the USB CDC is up: a littlefs RAM disk in a bytearray that the
+    # module keeps alive, mounted at /
+    MOUNT = ("import uctypes, microtrain.ramdisk as r\nr.DISK = bytearray(%d)\n"
+             "r.mount('/', uctypes.addressof(r.DISK), %d)\n")
+
+    def __init__(self, firmware, bootrom, bridge, disk_bytes=64 * 1024):
+        for path, what in ((firmware, "firmware (make firmware-rpi_pico)"), (bootrom, "RP2040 boot ROM"),
+                           (bridge, "rp2040js bridge")):
+            if not os.path.exists(path):
+                raise FileNotFoundError("no %s at %s" % (what, path))
+        self.firmware, self.bootrom, self.bridge = (os.path.abspath(p) for p in (firmware, bootrom, bridge))
+        self.disk_bytes = disk_bytes
+        self.workdir = tempfile.mkdtemp(prefix="mt-pico-")
+        self.proc = None
+        self.port = None
+
+    def start(self, timeout=120):
+        self.stop()
+        log_path = os.path.join(self.workdir, "bridge.log")
+        with open(log_path, "wb") as log:
+            self.proc = _spawn([sys.executable, self.bridge, self.firmware, self.bootrom],
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(log_path, "rb") as f:
+                text = f.read()
+            m = re.search(rb"char device redirected to (/dev/pts/\d+)", text)
+            if m:
+                self.port = m.group(1).decode()
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.power_cut()
+                raise RuntimeError("rp2040js did not bring up the Pico's USB serial: %s"
+                                   % text.decode(errors="replace")[-500:])
+            time.sleep(0.1)
+        try:
+            self._mount_disk()
+        except BaseException:
+            self.power_cut()
+            raise
+        return self.port
+
+    def _mount_disk(self):
+        from mpremote.transport_serial import SerialTransport
+        t = SerialTransport(self.port, baudrate=115200)
+        try:
+            t.enter_raw_repl(soft_reset=False)
+            t.exec(self.MOUNT % (self.disk_bytes, self.disk_bytes))
+            t.exit_raw_repl()
+        finally:
+            t.close()
+
+    def reset(self):
+        """The reset button: the firmware starts again, and the RAM disk with it, empty."""
+        self.power_cut()
+        self.start()
+
+    def power_cut(self):
+        self._kill()
+
+    def close(self):
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class UnixBoard(_Emulated):
@@ -362,15 +438,32 @@ class Proxy:
                 pass
 
 
+# the repository's rp2040js bridge and the vendored boot ROM (tests/rp2040js, firmware/README.md)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+PICO_BRIDGE = os.path.join(REPO, "tests", "rp2040js", "pty_bridge.py")
+
+
+def pico_bootrom():
+    """The RP2040 boot ROM rp2040js runs, where firmware/fetch-sources.sh finds the vendored sources."""
+    for d in (os.environ.get("MICROTRAIN_VENDOR"), os.path.join(REPO, "..", "shared", "vendor"), "/work/shared/vendor"):
+        if d and os.path.isfile(os.path.join(d, "rp2040-bootrom-B1.ts")):
+            return os.path.join(d, "rp2040-bootrom-B1.ts")
+    raise FileNotFoundError("no rp2040-bootrom-B1.ts: set MICROTRAIN_VENDOR to the vendored sources (firmware/README.md)")
+
+
 def main(argv=None):
-    """python -m microtrain.device.emulated qemu|unix FIRMWARE -- COMMAND...: run COMMAND
-    with an emulated board on a pseudo-terminal, its path in $PORT; the board stops after."""
+    """python -m microtrain.device.emulated qemu|unix|pico FIRMWARE -- COMMAND...: run COMMAND
+    with an emulated board on a pseudo-terminal, its path in $PORT; the board stops after.
+    pico: the RPI_PICO firmware.uf2 in rp2040js (`make rp2040js`), a 64 KB RAM disk for its files."""
     import sys
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 4 or argv[0] not in ("qemu", "unix") or argv[2] != "--":
-        print("usage: python -m microtrain.device.emulated qemu|unix FIRMWARE -- COMMAND...", file=sys.stderr)
+    if len(argv) < 4 or argv[0] not in ("qemu", "unix", "pico") or argv[2] != "--":
+        print("usage: python -m microtrain.device.emulated qemu|unix|pico FIRMWARE -- COMMAND...", file=sys.stderr)
         return 2
-    board = (QemuBoard if argv[0] == "qemu" else UnixBoard)(argv[1])
+    if argv[0] == "pico":
+        board = PicoBoard(argv[1], pico_bootrom(), PICO_BRIDGE)
+    else:
+        board = (QemuBoard if argv[0] == "qemu" else UnixBoard)(argv[1])
     try:
         board.start()
         print("board: %s firmware %s on %s" % (argv[0], argv[1], board.port), flush=True)
