@@ -130,3 +130,24 @@ def test_budget_probe_errors(path, tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("budget: candidate: ") == 5 and "budget: chosen: " in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("probe", [False, True])
+def test_budget_skips_schemes_the_options_cannot_compile(path, probe):
+    """With uint8 input the first conv cannot train (no int8 part would be left to take the
+    input): a budget that everything else fits chooses the biases of the other three convs,
+    with and without a probe, and says which scheme it could not compile."""
+    x, y = probe_data()
+    q = dict(quantize="int8", calibration=x[:16], input_dtype="uint8", input_quant=(1 / 50, 128))
+    with pytest.raises(ValueError, match="needs an int8 model"):
+        microtrain.compile(path, update={"classifier": "full", "bias_updates": [{"conv_index": k} for k in range(4)]},
+                           **q)
+    lines = []
+    xu = np.clip(np.round(x * 50 + 128), 0, 255).astype(np.uint8)
+    scheme, plan = choose(path, "10MB", log=lines.append, probe=(xu, y) if probe else None, **q)
+    assert [b["conv_index"] for b in scheme["bias_updates"]] == [1, 2, 3] or probe
+    assert all(b["conv_index"] > 0 for b in scheme["bias_updates"]), scheme
+    assert any(l.startswith("cannot compile biases of 4 convs") and "needs an int8 model" in l for l in lines), lines
+    assert plan.meta["input"]["dtype"] == "uint8"
+    with pytest.raises(ValueError, match="input_quant is for quantize='int8'"):   # the options at fault: raised
+        choose(path, "10MB", input_dtype="uint8", input_quant=(1 / 50, 128))

@@ -80,10 +80,23 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
     tried = {}
 
     def cost(scheme):
+        """(peak RAM, plan); (inf, None) for a scheme these options cannot compile (with uint8 input,
+        a scheme that trains the first conv's bias leaves no int8 part to take it), which then
+        counts as not fitting. The first scheme, the classifier alone, raises instead: then no
+        scheme compiles and the options are at fault."""
         key = repr(scheme)
         if key not in tried:
-            plan = compile_plan(model, update=scheme, **options)
-            tried[key] = (plan.report()["peak_ram_bytes"], plan)
+            try:
+                plan = compile_plan(model, update=scheme, **options)
+            except ValueError as e:
+                if not tried:
+                    raise
+                say("cannot compile biases of %d convs, weights %s with these options: %s"
+                    % (len(scheme["bias_updates"]), [(w["conv_index"], w["ratio"]) for w in scheme["weight_updates"]],
+                       e))
+                tried[key] = (float("inf"), None)
+            else:
+                tried[key] = (plan.report()["peak_ram_bytes"], plan)
         return tried[key]
 
     def scheme_of(n_bias, weights):
@@ -111,8 +124,7 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
                 fit = None
                 for r in RATIOS:
                     p, _ = cost(scheme_of(n_bias, weights + [(k, r)]))
-                    say("conv %d '%s' weight, ratio %g: peak RAM %d B%s" % (k, n.onnx_name, r, p,
-                                                                            "" if p <= budget else " (over)"))
+                    say("conv %d '%s' weight, ratio %g: %s" % (k, n.onnx_name, r, _fits(p, budget)))
                     if p > budget:
                         break
                     fit = r
@@ -125,7 +137,7 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 p, _ = cost(scheme_of(mid, []))
-                say("biases of the last %d convs: peak RAM %d B%s" % (mid, p, "" if p <= budget else " (over)"))
+                say("biases of the last %d convs: %s" % (mid, _fits(p, budget)))
                 lo, hi = (mid, hi) if p <= budget else (lo, mid - 1)
             n_bias = lo
             weights = fill(n_bias)
@@ -133,7 +145,7 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
             scored = []
             for n in range(len(convs) + 1):
                 p, _ = cost(scheme_of(n, []))
-                say("biases of the last %d convs: peak RAM %d B%s" % (n, p, "" if p <= budget else " (over)"))
+                say("biases of the last %d convs: %s" % (n, _fits(p, budget)))
                 if p > budget:
                     continue
                 w = fill(n)
@@ -148,6 +160,12 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
     say("chosen: classifier, biases of the last %d convs, weights %s: peak RAM %d B of %d B"
         % (n_bias, ", ".join("conv %d x%g" % w for w in weights) or "none", peak, budget))
     return best, plan
+
+
+def _fits(peak, budget):
+    if peak == float("inf"):
+        return "no plan"
+    return "peak RAM %d B%s" % (peak, "" if peak <= budget else " (over)")
 
 
 def probe_loss(plan, probe, epochs):
