@@ -49,6 +49,9 @@ print(repr(m))
 # server, it is one line of junk that Ctrl-C clears.
 REPL_CONTROL = frozenset(b"\x01\x02\x03\x04\x05\n\r\x1b")
 
+# The largest head of a command that carries samples (TRAIN_HEAD, PREDICT_HEAD; Board.rows)
+ROW_HEAD = 8
+
 # After a deploy to ROMFS: the file plan (which the server would take first) and the
 # checkpoints of whatever plan was there go
 REMOVE_FILE_PLAN = """import os
@@ -438,6 +441,7 @@ class Board:
                             % (x.shape[1:], x[0].size, shape, n_in))
         x = np.ascontiguousarray(x, dtype="<f4").reshape(len(x), n_in)
         if y is None:
+            self._check_frame(n_in, 0)
             return x, None
         y = np.asarray(y)
         if len(y) != len(x):
@@ -450,14 +454,28 @@ class Board:
             if len(y) and (y.min() < 0 or y.max() >= n_cls):
                 raise DataError("labels in y run from %d to %d; the plan has %d classes (0 to %d)"
                                 % (y.min(), y.max(), n_cls, n_cls - 1))
+            self._check_frame(n_in, 1)
             return x, np.ascontiguousarray(y, dtype="<i4").reshape(len(y), 1)
         n_t = self.facts["plan"]["target_len"]
         if y[0].size != n_t:
             raise DataError("each target in y has %d values; the plan's output has %d" % (y[0].size, n_t))
+        self._check_frame(n_in, n_t)
         return x, np.ascontiguousarray(y, dtype="<f4").reshape(len(y), n_t)
 
     @staticmethod
-    def rows(size, x, y=None, head=8):
+    def _check_frame(n_in, n_y):
+        """DataError when one sample (n_in float32 inputs and n_y label or target values) does not
+        fit in one frame: TRAIN, EVALUATE and PREDICT carry whole samples."""
+        need = 4 * (n_in + n_y) + ROW_HEAD
+        if need > P.MAX_PAYLOAD:
+            raise DataError("a sample takes %d bytes on the line (%d float32 input values%s) and one frame carries "
+                            "at most %d: training over serial takes samples of up to %d input values; train larger "
+                            "inputs on the board from its own files, as examples/gesture/personalise.py does"
+                            % (need, n_in, " and %d of the label or target" % n_y if n_y else "", P.MAX_PAYLOAD,
+                               (P.MAX_PAYLOAD - ROW_HEAD) // 4 - n_y))
+
+    @staticmethod
+    def rows(size, x, y=None, head=ROW_HEAD):
         """How many samples fit in a frame of size bytes (at least one)."""
         per = x.shape[1] * 4 + (0 if y is None else y.shape[1] * 4)
         return max(1, min(0xFFFF, len(x), (size - head) // per))

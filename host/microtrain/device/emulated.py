@@ -455,7 +455,6 @@ def main(argv=None):
     """python -m microtrain.device.emulated qemu|unix|pico FIRMWARE -- COMMAND...: run COMMAND
     with an emulated board on a pseudo-terminal, its path in $PORT; the board stops after.
     pico: the RPI_PICO firmware.uf2 in rp2040js (`make rp2040js`), a 64 KB RAM disk for its files."""
-    import sys
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 4 or argv[0] not in ("qemu", "unix", "pico") or argv[2] != "--":
         print("usage: python -m microtrain.device.emulated qemu|unix|pico FIRMWARE -- COMMAND...", file=sys.stderr)
