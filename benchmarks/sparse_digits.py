@@ -11,12 +11,13 @@ shifted images (of digits never seen in adaptation). Rows: no adaptation, last l
 bias, a MIT-style sparse scheme (biases of the two blocks + a quarter / half of the input
 channels of their 1x1 expansion convs + the head), the schemes --budget chooses for the sparse
 scheme's peak RAM (by its fit-first rule, and by a probe on a proxy task: --budget-probe with 600
-source-domain images blurred, brightened and noised, PROXY below, a change of another kind than
-the shifted domain's: the user's own data never reach the host), and full float fine-tuning in PyTorch (the same per-sample SGD, the best of
-three learning rates, which favours the reference), each with its test accuracy and peak RAM
-(for PyTorch the float full-update plan's, its activations kept as PyTorch's autograd keeps them;
-the same plan with saved activations made again in the backward, recompute.py, is printed
-below the table) and its share of the full fine-tuning's gain.
+source-domain images blurred, brightened and noised, proxy_domain below, a change of another
+kind than the shifted domain's: the user's own data never reach the host), and full float
+fine-tuning in PyTorch (the same per-sample SGD, the best of three learning rates, which
+favours the reference), each with its test accuracy and peak RAM (for PyTorch the float
+full-update plan's, its activations kept as PyTorch's autograd keeps them; the same plan with
+saved activations made again in the backward, recompute.py, is printed below the table) and its
+share of the full fine-tuning's gain.
 
 The frozen conv weights of the float layers are int8 with per-channel scales (--frozen-weights,
 default int8: an int8 backbone, w8.py), so each block the gradient passes through runs a
