@@ -226,6 +226,8 @@ def int8_seeds(c):
                                  int8_scope="frozen", **q),
         "int8_prefix_uint8_input": c(int8_net(seed=8), update="last-layer", lr=0.05, momentum=0.9,
                                      input_dtype="uint8", input_quant=(1 / 255, 0), **q),
+        "int8_input_in_place": c(int8_net(seed=9), update="last-layer", lr=0.05, input_dtype="int8",
+                                 input_quant=(1 / 127, 0), input_in_place=True, **q),
         "int8_streamed_block": c(int8_block(), update="last-layer", lr=0.05, quantize="int8",
                                  calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7)).astype("f4")),
         "int8_streamed_expansion": c(int8_block(), update="last-layer", lr=0.05, quantize="int8", int8_fuse="pwdw",
@@ -273,6 +275,7 @@ def seeds():
         "cnn_mse_full_batch2": c(cnn(seed=2, hw=6, n_out=3), update="full", loss="mse", lr=0.02, momentum=0.9,
                                  batch=2),
         "cnn_ce_last_layer": c(cnn(seed=3, hw=6, n_out=3), update="last-layer", lr=0.05),
+        "cnn_input_in_place": c(cnn(seed=4, hw=6, n_out=3), update="full", lr=0.05, input_in_place=True),
         "cnn_ce_last2_mom": c(cnn(seed=4, hw=6, n_out=3), update="last:2", lr=0.05, momentum=0.9),
         "cnn_ce_full": c(cnn(seed=5, hw=4, n_out=2), update="full", lr=0.05),   # the first conv replayed
         # every saved activation kept to its backward (no forward op in the TRAIN phase: recompute.py)

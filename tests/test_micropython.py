@@ -524,6 +524,21 @@ DATA["train_pwdw"] = data_train_pwdw
 DATA["train_pwdw_q8"] = lambda: data_train_pwdw("int8")
 
 
+def data_train_in_place():
+    """train_pwdw_q8's plan reading its input where the caller keeps it (input_in_place=True):
+    the input tensor not in the arena (storage INPUT), the RAM the host reports without it."""
+    rng = np.random.default_rng(9)
+    plan = sparse_block_plan(W8_SCHEME, saved="bits", frozen_weights="int8", trained_weights="int8",
+                             input_in_place=True)
+    r = plan.report()
+    assert r["input_in_place"] and plan.tensors[plan.header["input_tensor"]]["storage"] == "INPUT"
+    x = (rng.normal(size=(4, 3, 6, 6)) * 3).astype(np.float32)
+    return dict(trained_on_host(plan, x, rng.integers(0, 4, 4)), RAM=r["peak_ram_bytes"])
+
+
+DATA["train_in_place"] = data_train_in_place
+
+
 def data_train_q8_state():
     """tests/test_sparse.py's CNN with its trained weights int8 (trained_weights="int8",
     docs/sparse.md): some input channels of the expansion (an int8 slice), some channels of the

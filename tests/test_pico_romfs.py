@@ -32,7 +32,7 @@ sys.path.pop(0)
 STEPS = 6
 N = 3
 HIDDEN = 3072
-# the Trainer object with its mt_ctx_t (boards.py: 288 B), about 220 B more that Trainer(f)
+# the Trainer object with its mt_ctx_t (boards.py: 304 B), about 220 B more that Trainer(f)
 # allocates (measured: 520 B in all with ram_bytes 8344), and the GC's 16-byte block rounding
 SLACK = 544
 

@@ -358,6 +358,38 @@ def test_random_plans_are_valid_and_bounded(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_random_search_plans_are_valid_no_larger_than_greedy(seed):
+    """The searched plan: no conflicts (the brute-force check here), aligned, never above the
+    greedy arena, never under the live-bytes bound, and the same on every call."""
+    bufs = _random_buffers(seed)
+    align = (1, 4, 8, 16)[seed % 4]
+    offs = plan(bufs, align=align, strategy="search")
+    assert _conflicts(bufs, offs) == [] and all(o % align == 0 and o >= 0 for o in offs)
+    check(bufs, offs, align=align)
+    assert _peak_brute(bufs, align) <= arena_size(bufs, offs, align=align) <= arena_size(bufs, plan(bufs, align=align),
+                                                                                         align=align)
+    assert plan(bufs, align=align, strategy="search") == offs
+    gap = (1, 3, 8, 13, 32)[seed % 5]
+    guarded = plan(bufs, align=align, gap=gap, strategy="search")
+    assert all(o >= gap for o, b in zip(guarded, bufs) if b.size)
+    assert _conflicts(bufs, guarded, gap=gap) == []
+    check(bufs, guarded, align=align, gap=gap)
+
+
+def test_search_closes_the_gap_greedy_leaves():
+    """By hand: at op 4 the buffers alive are 16 + 24 + 24 = 64 bytes. The greedy planner places the
+    two 32s (ops 0-1, 2) at 0, the 24 of ops 1-4 above them at 32, the 24 of ops 3-4 at 0, and then the
+    16 of op 4 fits neither between them (8 bytes at 24) nor below: it goes at 56, an arena of 72.
+    The search finds an order that reaches 64, the least any plan can use."""
+    bufs = [Buffer(16, 4, 4), Buffer(32, 0, 1), Buffer(32, 2, 2), Buffer(24, 3, 4), Buffer(24, 1, 4)]
+    greedy = plan(bufs, align=8)
+    assert greedy[0] == 56 and arena_size(bufs, greedy, align=8) == 72
+    offs = plan(bufs, align=8, strategy="search")
+    assert _conflicts(bufs, offs) == []
+    assert arena_size(bufs, offs, align=8) == 64 == _peak_brute(bufs, 8)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_check_catches_broken_plans(seed):
     bufs = _random_buffers(seed, zero_fraction=0.0)
     bufs = [b if b.size else Buffer(1, b.first, b.last) for b in bufs]

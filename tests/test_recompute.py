@@ -10,7 +10,9 @@ exporters, trained whole, biases only, and with batches of 4:
   tensor moves;
 * nothing is replayed with recompute=False, with the naive planner, or where a replay would save
   less than 1% of the arena; a weight written before its replay stops it;
-* MCUNet-5fps's 148kb scheme (the MIT model), replayed and not, trains 2 steps bit for bit alike.
+* MCUNet-5fps's 148kb scheme (the MIT model), replayed and not, trains 2 steps bit for bit alike;
+  the backward reads the masks its replays make again, the forward's masks of those blocks dying
+  with the forward.
 """
 from __future__ import annotations
 
@@ -165,6 +167,18 @@ def test_mcunet_148kb_replayed_trains_as_kept():
     a = microtrain.compile(path, **opts)
     b = microtrain.compile(path, recompute=False, **opts)
     assert replayed(a) and a.report()["arena_bytes"] < b.report()["arena_bytes"]
+    # a replayed block makes its ReLU masks again, and the backward reads those copies: the forward's
+    # masks of a replayed block die with the forward instead of living through the backward
+    n_fwd = next(k for k, o in enumerate(a.ops) if o["phase"] != "FORWARD")
+    name = {i: t["name"] for i, t in enumerate(a.tensors)}
+    last = {}
+    for k, o in enumerate(a.ops):
+        for s in o["slots"]:
+            if s is not None and s in name:
+                last[name[s]] = k
+    copies = [n for n in last if "@mask@replay" in n]
+    assert copies, "no replay made a mask again"
+    assert all(last[n.split("@replay")[0]] < n_fwd for n in copies), "a forward mask lives on beside its copy"
     assert_trains_alike(a, b)
 
 

@@ -41,7 +41,7 @@ ROM_OFFSET = PSRAM_BYTES - ROM_BYTES            # the last 2 MB of the PSRAM
 ROM_ADDR = 0x60000000 + ROM_OFFSET
 STEPS = 8
 N = 4
-SLACK = 512    # the Trainer object with its mt_ctx_t (288 bytes here), and the GC's 16-byte block rounding
+SLACK = 512    # the Trainer object with its mt_ctx_t (304 bytes here), and the GC's 16-byte block rounding
 
 
 class WideDigits(nn.Module):
@@ -203,13 +203,15 @@ t = microtrain.Trainer(f)
 gc.collect()
 i = t.info()
 print("MEM", gc.mem_alloc() - before, i["ram_bytes"], i["const_bytes"], gc.mem_alloc() + gc.mem_free())
-xq = %(xq)r
+xq = %(xq)s
 ys = %(ys)r
 n_in = t.input_len
 losses = array("f", [0.0] * %(steps)d)
 for s in range(%(steps)d):
     losses[s] = t.step(memoryview(xq)[s * n_in:(s + 1) * n_in], ys[s])
 print("LOSSES", bytes(losses).hex())
+gc.collect()
+print("SAMPLES", uctypes.addressof(xq), gc.mem_alloc() - before)
 for name, v in sorted(t.params().items()):
     for i in range(0, len(v), 1024):   # a hex line at a time: a large weight's whole hex would not fit
         print("PARAM", name, bytes(memoryview(v)[i:i + 1024]).hex())
@@ -221,12 +223,14 @@ for name, v in sorted(t.params().items()):
 MCUNET_WEIGHTS = {"49kb": {}, "148kb": dict(frozen_weights="int8", trained_weights="int8")}
 
 
-@pytest.mark.parametrize("scheme", ["49kb", "148kb"])
-def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path, scheme):
+@pytest.mark.parametrize("scheme,in_place", [("49kb", False), ("148kb", False), ("148kb", True)])
+def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path, scheme, in_place):
     """MCUNet-5fps, frozen part int8, MIT's 49kb scheme (channel-sparse 1x1 convs, 20 biases, the
     head), 1-bit ReLU6 masks: two training steps on qemu MPS2_AN500 with the plan opened from a
     VfsRom, with the host simulator's losses and parameters within 1e-5. The 148kb scheme the
-    same with int8 weights (PWDW_W8), saved block outputs made again in the backward (recompute.py)."""
+    same with int8 weights (PWDW_W8), saved block outputs made again in the backward (recompute.py);
+    and again reading its int8 samples in place from a ROMFS file (input_in_place=True): the
+    samples' address is in the ROM, and the heap holds the Trainer's block, not the input."""
     sys.path.insert(0, os.path.join(mptargets.ROOT, "benchmarks"))
     try:
         from bench_models import tte_dir
@@ -241,16 +245,21 @@ def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path, scheme):
     images = samples(32 + MCUNET_STEPS, 128)
     plan = microtrain.compile(os.path.join(tte, "mcunet-5fps.onnx"), update=os.path.join(tte, "mcunet-5fps.schemes.json"),
                               scheme=scheme, lr=0.01, saved="bits", quantize="int8", calibration=images[:32],
-                              input_dtype="uint8", input_quant=(1 / 127.5, 128), **MCUNET_WEIGHTS[scheme])
+                              input_dtype="int8" if in_place else "uint8", input_quant=(1 / 127.5, 0 if in_place else 128),
+                              input_in_place=in_place, **MCUNET_WEIGHTS[scheme])
     assert plan.meta["split"], "the scheme's 1x1 convs train on some input channels"
     assert any(n.startswith("recompute: ") for n in plan.meta["notes"]) == (scheme == "148kb")
-    image = romfs.build({"mcunet.mtp": plan.data})
-    assert len(image) <= MCUNET_ROM_BYTES
     sim = microtrain.Simulator(plan)
     xq = sim.quantize_input(images[32:])
     ys = [3, 7][:MCUNET_STEPS]
     losses = np.array([sim.step(xq[s], ys[s]) for s in range(MCUNET_STEPS)], np.float32)
-    code = MCUNET_DEVICE % dict(addr=0x60000000 + MCUNET_ROM_OFFSET, size=MCUNET_ROM_BYTES, xq=xq.tobytes(),
+    files = {"mcunet.mtp": plan.data}
+    if in_place:   # the samples a file in the ROM, read where they are
+        files["samples.bin"] = xq[:MCUNET_STEPS].tobytes()
+    image = romfs.build(files)
+    assert len(image) <= MCUNET_ROM_BYTES
+    xs = 'memoryview(open("/rom/samples.bin", "rb"))' if in_place else repr(xq.tobytes())
+    code = MCUNET_DEVICE % dict(addr=0x60000000 + MCUNET_ROM_OFFSET, size=MCUNET_ROM_BYTES, xq=xs,
                                 ys=ys, steps=MCUNET_STEPS)
     out, err = run_on_board(tmp_path, image, code, BIG_HEAP_FIRMWARE, MCUNET_ROM_OFFSET, timeout=900)
     assert not err, err
@@ -267,6 +276,14 @@ def test_mcunet_sparse_plan_trains_from_romfs(qemu_ready, tmp_path, scheme):
     assert (ram, const) == (r["ram_bytes"], r["const_bytes"])
     # the Trainer's RAM block, the object and the open file's buffers: nothing of the 1.7 MB of constants
     assert ram <= grew <= ram + 2 * SLACK
+    address, after = (int(v) for v in lines["SAMPLES"][0].split())
+    if in_place:
+        # the samples where the ROM is; after the steps the heap holds the Trainer, the open files
+        # and the losses, not a copy of the 48 KB input
+        assert 0x60000000 + MCUNET_ROM_OFFSET <= address < 0x60000000 + MCUNET_ROM_OFFSET + len(image)
+        assert r["input_in_place"] and after <= ram + 4 * SLACK < ram + r["input_bytes"]
+        print("samples read in place at 0x%x (the ROM); the heap after the steps: %d bytes more than before the "
+              "Trainer, ram_bytes %d (the %d-byte input not in it)" % (address, after, ram, r["input_bytes"]))
     got = np.frombuffer(bytes.fromhex(lines["LOSSES"][0]), np.float32)
     assert np.allclose(got, losses, rtol=1e-5, atol=0), (got, losses)
     params = {name: np.frombuffer(h, np.float32) for name, h in device_params(lines["PARAM"]).items()}

@@ -37,7 +37,8 @@ def _compile(args):
                    batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
                    calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
                    saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
-                   trained_weights=args.trained_weights, recompute=args.recompute)
+                   trained_weights=args.trained_weights, recompute=args.recompute,
+                   input_in_place=args.input_in_place)
     if args.budget is not None:
         if args.update != "last-layer" or args.scheme:
             raise ValueError("--budget chooses what trains: give it without --update/--scheme")
@@ -59,6 +60,8 @@ def _compile(args):
     print("wrote %s: %d bytes, %d ops, arena %d B (naive %d B), parameters and optimizer state %d B, "
           "constants %d B" % (args.output, r["plan_bytes"], r["ops"], r["arena_bytes"], r["naive_bytes"],
                               r["param_bytes"], r["const_bytes"]))
+    if r["input_in_place"]:
+        print("input: %d B read in place where the caller keeps it (not in the arena)" % r["input_bytes"])
     for note in r["notes"]:
         print("note: " + note)
     for line in fit:
@@ -117,8 +120,9 @@ def print_report(r, out=sys.stdout, tensors=True):
     w("flash           %s  = the plan read in place (constants %s%s), plus the module's code\n"
       % (_kb(r["flash_bytes"]), _kb(r["const_bytes"]),
          ", %s of them int8" % _kb(r["const_int8_bytes"]) if r["const_int8_bytes"] else ""))
-    if r["input_dtype"] != "float32":
-        w("input           %s\n" % r["input_dtype"])
+    if r["input_dtype"] != "float32" or r["input_in_place"]:
+        w("input           %s%s\n" % (r["input_dtype"], ", %s read in place where the caller keeps it (not in RAM above)"
+                                     % _kb(r["input_bytes"]) if r["input_in_place"] else ""))
     w("arena           %s planned, %s naive (all tensors alive), %s peak live\n"
       % (_kb(r["arena_bytes"]), _kb(r["naive_bytes"]), _kb(r["peak_live_bytes"])))
     w("constants       %s (frozen, may stay in flash)\n" % _kb(r["const_bytes"]))
@@ -335,9 +339,10 @@ def parser():
     c.add_argument("--clip-grad", type=_number, default=None, metavar="NORM",
                    help="clip each batch's gradient to this L2 norm over all trainable parameters before the "
                    "update (torch.nn.utils.clip_grad_norm_); a batch with a non-finite gradient is skipped")
-    c.add_argument("--planner", default="greedy", choices=["greedy", "naive"],
-                   help="arena memory: greedy shares memory between tensors not alive together; naive gives "
-                   "every tensor its own (for debugging)")
+    c.add_argument("--planner", default="search", choices=["search", "greedy", "naive"],
+                   help="arena memory: search (default) shares memory between tensors not alive together, "
+                   "placed as TFLite Micro's greedy planner does or in a searched order where that leaves "
+                   "gaps; greedy is TFLite Micro's placement alone; naive gives every tensor its own (for debugging)")
     c.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards); "
                    "fail, writing nothing, if it does not")
     c.add_argument("--quantize", choices=["int8"], default=None,
@@ -355,6 +360,10 @@ def parser():
                    help="keep every frozen int8 conv an op of its own (by default a conv, depthwise conv and 1x1 "
                    "conv run as one CONV_DW_PW_Q8 op, a 1x1 conv and depthwise conv as one PWDW_Q8 op, which "
                    "never store the tensors between them: the same numbers, less RAM)")
+    c.add_argument("--input-in-place", action="store_true",
+                   help="read each sample where the caller keeps it (on a board, a file in flash or ROMFS read as "
+                   "a memoryview) instead of copying it into the arena: peak RAM leaves the input out; float32 or "
+                   "int8 input (a uint8 one needs a copy: give --input-dtype int8, pixel - 128)")
     c.add_argument("--no-recompute", dest="recompute", action="store_false",
                    help="keep every activation the backward reads from the forward to its backward (by default "
                    "forward ops run again in the backward where that lowers the arena: the same numbers, at most "

@@ -18,7 +18,7 @@ from .training import build_training, check_gradient_paths, drop_unused, macs_to
 from .update import resolve_update
 
 LOSSES = ("cross-entropy", "mse")
-PLANNERS = ("greedy", "naive")
+PLANNERS = ("search", "greedy", "naive")
 
 
 FLT32_MIN_NORMAL = 2.0 ** -126   # the smallest normal float32
@@ -65,10 +65,10 @@ INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 
 
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
-            batch=1, planner="greedy", guard=0, clip_grad=None, quantize=None, calibration=None,
+            batch=1, planner="search", guard=0, clip_grad=None, quantize=None, calibration=None,
             input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None,
             int8_fuse=True, frozen_weights="float32", trained_weights="float32", recompute=True,
-            budget_probe=None):
+            budget_probe=None, input_in_place=False):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -76,9 +76,11 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     scheme, or a *.schemes.json file with scheme=NAME; a dict also works): weights may then train
     on some of their channels only (docs/sparse.md). loss: "cross-entropy" (softmax fused) or "mse".
     batch: samples per update (1 updates after every sample). planner:
-    "greedy" shares arena memory between tensors whose lifetimes do not
-    overlap and runs element-wise ops in place; "naive" gives every tensor its
-    own memory, so all of them can be read after a step (for debugging).
+    "search" (the default) shares arena memory between tensors whose lifetimes do not
+    overlap and runs element-wise ops in place, placing them as TFLite Micro's greedy planner
+    does or, where that leaves gaps, in an order found by a short search (planner.py); "greedy"
+    is TFLite Micro's placement alone; "naive" gives every tensor its own memory, so all of them
+    can be read after a step (for debugging).
     guard: bytes left free around every arena tensor (for memory tests).
     clip_grad: clip the gradient of each batch to this L2 norm over all trainable
     parameters before the update, as torch.nn.utils.clip_grad_norm_; a batch whose
@@ -118,6 +120,10 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     recompute: True runs forward ops again in the backward where that keeps fewer saved activations
     and lowers the arena, with the same numbers (recompute.py; at most the forward's multiply-
     accumulates again); False keeps every saved activation from the forward to its backward.
+    input_in_place: True reads each sample where the caller keeps it (on a board, a file in flash
+    or ROMFS read as a memoryview) instead of copying it into the arena, which then has no room for
+    it: peak RAM leaves the input out. The caller's sample must not change during the step. A float32
+    or int8 input (a uint8 one is flipped to int8 in a copy: give int8 pixels, pixel - 128).
     """
     if trained_weights not in TRAINED_WEIGHTS:
         raise ValueError("unknown trained_weights %r; use one of %s" % (trained_weights, ", ".join(TRAINED_WEIGHTS)))
@@ -129,11 +135,16 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                       planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
                       input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
                       int8_fuse=int8_fuse, frozen_weights=frozen_weights, trained_weights=trained_weights,
-                      recompute=recompute, probe=budget_probe)[1]
+                      recompute=recompute, input_in_place=input_in_place, probe=budget_probe)[1]
     if budget_probe is not None:
         raise ValueError("budget_probe chooses among the schemes a budget fits: give it with budget")
     if recompute not in (True, False):
         raise ValueError("recompute must be True or False, got %r" % (recompute,))
+    if input_in_place not in (True, False):
+        raise ValueError("input_in_place must be True or False, got %r" % (input_in_place,))
+    if input_in_place and input_dtype == "uint8":
+        raise ValueError("input_in_place reads the caller's sample as it is, and a uint8 input is flipped to int8 "
+                         "in a copy: give int8 input (input_dtype='int8', pixel - 128) or float32")
     if int8_fuse not in (True, False, "pwdw"):
         raise ValueError("int8_fuse must be True, False or \"pwdw\", got %r" % (int8_fuse,))
     from .w8 import FROZEN_WEIGHTS
@@ -193,7 +204,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     return build_plan(graph, trainable, loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
                       planner=planner, guard=guard, update=update, input_dtype=INPUT_DTYPES[input_dtype],
                       clip_grad=clip_grad, channels=channels, saved=saved, frozen_weights=frozen_weights,
-                      trained_weights=trained_weights, recompute=recompute,
+                      trained_weights=trained_weights, recompute=recompute, input_in_place=input_in_place,
                       update_meta=update if scheme is None else "%s:%s" % (update, scheme))
 
 
@@ -206,9 +217,9 @@ def resolve_selection(graph, update, scheme=None):
     return (set() if update == "none" else resolve_update(graph, update)), {}
 
 
-def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="greedy", guard=0,
+def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="search", guard=0,
                update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None, saved="float32",
-               frozen_weights="float32", trained_weights="float32", recompute=True):
+               frozen_weights="float32", trained_weights="float32", recompute=True, input_in_place=False):
     """The Plan of an IR graph (ir.Graph): the training step for `trainable` (a set of parameter
     names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
@@ -223,7 +234,7 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     trainable, channels, splits = split_partial_weights(graph, trainable, selected)
     origins.update((s["slice"], graph.origins[s["slice"]]) for s in splits.values())
     tensors, ops = build_training(graph, trainable, loss, batch, momentum, inplace=planner != "naive",
-                                  clip_grad=clip_grad, channels=channels, saved=saved)
+                                  clip_grad=clip_grad, channels=channels, saved=saved, input_in_place=input_in_place)
     if trained_weights == "int8":
         ops = store_int8(tensors, ops)
     w8 = []
@@ -256,16 +267,17 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     if planner != "naive":
         # rings of one channel (ring_channels.py) and replays (recompute.py) each lower the arena
         # where the other leaves it peaking: in turn, until neither does
-        rings, replayed = [], []
+        # (measured with the greedy placement: the search's is not monotonic in what changes)
+        rings, replayed, greedy = [], [], "greedy"
         while True:
-            more = one_channel_rings(tensors, ops, (inp, tgt), planner, guard)
+            more = one_channel_rings(tensors, ops, (inp, tgt), greedy, guard)
             again = []
             if recompute and trainable:
-                ops, again = replay_saved(tensors, ops, (inp, tgt), planner, guard)
+                ops, again = replay_saved(tensors, ops, (inp, tgt), greedy, guard)
             rings, replayed = rings + more, replayed + again
             if not more and not again:
                 break
-        rings = prune(tensors, ops, (inp, tgt), rings, planner, guard)
+        rings = prune(tensors, ops, (inp, tgt), rings, greedy, guard)
         if rings:
             graph.notes.append("ring_channels: %s a channel at a time (a ring of one channel)"
                                % ", ".join(o.source for o in rings))
@@ -285,7 +297,8 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         "split": splits,
         # frozen conv weights of float layers stored int8, one scale per output channel (w8.py)
         "w8": w8,
-        "input": {"name": graph.input, "shape": [1] + list(values[graph.input].onnx_shape[1:])},
+        "input": {"name": graph.input, "shape": [1] + list(values[graph.input].onnx_shape[1:]),
+                  "in_place": bool(input_in_place)},
         "output": {"name": graph.output, "shape": [1] + list(values[graph.output].onnx_shape[1:])},
         "param_shapes": {t.name: list(t.onnx_shape) for t in tensors if t.flags & F.TFLAGS["PARAM"]},
         "notes": graph.notes,

@@ -128,7 +128,7 @@ STATE_STRUCT = struct.Struct("<" + "".join(code for _, code in STATE_FIELDS))
 STATE_HEADER_BYTES = STATE_STRUCT.size
 
 DTYPES = {"F32": (1, 4), "I32": (2, 4), "I8": (3, 1), "U8": (4, 1)}  # name: (code, size)
-STORAGES = {"ARENA": 0, "CONST": 1, "STATE": 2}
+STORAGES = {"ARENA": 0, "CONST": 1, "STATE": 2, "INPUT": 3}   # INPUT: the caller's sample, read in place
 TFLAGS = {"PARAM": 1, "MOMENTUM": 2, "GRAD_ACC": 4, "INPUT": 8, "TARGET": 16, "OUTPUT": 32}
 PHASES = {"FORWARD": 0, "TRAIN": 1, "BATCH_END": 2}
 LOSSES = {"CROSS_ENTROPY": 1, "MSE": 2}
@@ -412,6 +412,7 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
     ("W8_SCALES", "an int8 weight of a float op needs one scale per output channel (a per-channel quantization "
                   "record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan"),
     ("PARAM_RANGE", "parameter value outside its int8 range (127 times its channel's scale): set a smaller value"),
+    ("NO_INPUT", "the plan reads its input in place and none is set: mt_set_input first"),
 )
 
 

@@ -87,7 +87,10 @@ class Core:
 
     def array(self, i):
         """A numpy view of tensor i's current memory."""
-        _, ti, dims = self.tensor_info(i)
+        name, ti, dims = self.tensor_info(i)
+        if ti.data == ffi.NULL:
+            raise ValueError("tensor %d %r has no memory now: the plan reads its input in place and none is set "
+                             "(set_input)" % (i, name))
         return self._view(ti, dims)
 
     def ram_view(self):
@@ -143,6 +146,7 @@ class Core:
     def set_input(self, x):
         a, p = self.sample(x)
         self.check(lib.mt_set_input(self.ctx, p, a.size))
+        self._input = a   # a plan reading its input in place reads this array until the next set_input
 
     def run_op(self, i):
         self.check(lib.mt_run_op(self.ctx, i))

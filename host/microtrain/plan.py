@@ -262,6 +262,10 @@ class Plan:
             "const_int8_bytes": sum(t["bytes"] for t in self.tensors if t["storage"] == "CONST" and t["dtype"] == "I8"),
             "input_dtype": {v: k for k, v in (("float32", "F32"), ("int8", "I8"), ("uint8", "U8"))}
                            [DTYPE_NAMES[hd["input_dtype"]]],
+            "input_bytes": self.tensors[hd["input_tensor"]]["bytes"],
+            # the input read in place, where the caller keeps it (compile(input_in_place=True)): not in
+            # the arena, so not in peak_ram_bytes
+            "input_in_place": self.tensors[hd["input_tensor"]]["storage"] == "INPUT",
             "macs_per_step": macs,
             "ops": hd["n_ops"],
             "ops_by_phase": phases,

@@ -32,6 +32,18 @@ Strategies
     sizes.  All offsets are then multiples of ``align`` because they are 0 or
     the end of another (rounded) buffer.
 
+``"search"``
+    The greedy plan first; where it leaves the arena above the lower bound
+    (:func:`peak_live_bytes`: the most bytes alive at one op, which no plan can
+    go under), the same first-fit placement in other orders: largest
+    size x lifetime first, longest lifetime first, then a local search from the
+    best of those, swapping a few buffers of the order at a time
+    (``SEARCH_STEPS`` tries, a fixed seed, so the plan is the same on every run),
+    keeping an order whenever its arena is no larger.  It stops at the lower
+    bound.  TFLM's size order leaves gaps where long-lived small buffers (the
+    1-bit masks a backward keeps) are placed after short-lived large ones; on
+    MIT's networks the search closes them (docs/memory.md).
+
 ``"naive"``
     Every buffer gets its own bytes, in input order (TFLM's
     ``LinearMemoryPlanner``).  Useful as a reference and for debugging.
@@ -63,6 +75,7 @@ anything.
 from __future__ import annotations
 
 import operator
+import random
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -79,7 +92,10 @@ __all__ = [
     "STRATEGIES",
 ]
 
-STRATEGIES = ("greedy", "naive")
+STRATEGIES = ("greedy", "search", "naive")
+SEARCH_STEPS = 2000   # orders the local search tries at most (0.4 s for MCUNet's 108 buffers)
+SEARCH_WORK = 2000 * 120 * 120   # fewer for more buffers: a first-fit placement costs n**2
+SEARCH_MAX = 600      # buffers above which the search is not tried
 
 # Arena offsets are planned with int64 arithmetic; refuse anything that could
 # get near overflow.
@@ -235,6 +251,8 @@ def plan(buffers: list[Buffer], align: int = 8, strategy: str = "greedy", gap: i
     [first, last] intervals intersect never overlap in memory.
 
     strategy "greedy": TFLM's GreedyMemoryPlanner (see module docstring).
+    strategy "search": the greedy plan, or a first-fit order's with a smaller arena (see the
+    module docstring); never larger than the greedy one.
     strategy "naive": every buffer at its own offset, in input order.
     gap >= 0: guard bytes left free before the first buffer and after every
     buffer; two buffers live at the same time are always >= gap bytes apart
@@ -266,9 +284,59 @@ def plan(buffers: list[Buffer], align: int = 8, strategy: str = "greedy", gap: i
         virtual = _greedy_virtual(
             slots, [f for _, f, _ in items], [l for _, _, l in items], placed
         )
+        if strategy == "search":
+            virtual = _search(slots, items, placed, virtual)
         for i, v in virtual.items():
             offsets[i] = base + v
     return offsets
+
+
+def _first_fit(slots, items, order):
+    """(top, {buffer: offset}): each buffer in `order` at the lowest offset where it overlaps no
+    placed buffer live at the same time (the greedy planner's scan, any order)."""
+    placed: list[tuple[int, int, int, int]] = []   # (offset, end, first, last)
+    result, top = {}, 0
+    for i in order:
+        size, (_, first, last) = slots[i], items[i]
+        candidate = 0
+        for off, end, f, l in sorted(p for p in placed if p[2] <= last and p[3] >= first):
+            if off - candidate >= size:
+                break
+            candidate = max(candidate, end)
+        placed.append((candidate, candidate + size, first, last))
+        result[i] = candidate
+        top = max(top, candidate + size)
+    return top, result
+
+
+def _search(slots, items, ids, greedy):
+    """The greedy offsets, or those of a first-fit order with a smaller arena ("search")."""
+    top = max(greedy[i] + slots[i] for i in ids)
+    bound = peak_live_bytes([Buffer(slots[i], items[i][1], items[i][2]) for i in ids], align=1)
+    if top <= bound or len(ids) > SEARCH_MAX:
+        return greedy
+    rev = ids[::-1]
+    best, order = top, reverse_sort([slots[i] for i in rev], rev)[1]   # the greedy planner's order
+    for key in (lambda i: (-slots[i] * (items[i][2] - items[i][1] + 1), i),
+                lambda i: (-(items[i][2] - items[i][1]), -slots[i], i)):
+        o = sorted(ids, key=key)
+        t, _ = _first_fit(slots, items, o)
+        if t < best:
+            best, order = t, o
+    rng = random.Random(0)
+    for _ in range(min(SEARCH_STEPS, SEARCH_WORK // len(ids) ** 2)):
+        if best <= bound:
+            break
+        o = order[:]
+        for _ in range(rng.randint(1, 4)):
+            a, b = rng.randrange(len(o)), rng.randrange(len(o))
+            o[a], o[b] = o[b], o[a]
+        t, _ = _first_fit(slots, items, o)
+        if t <= best:
+            best, order = t, o
+    if best >= top:
+        return greedy
+    return _first_fit(slots, items, order)[1]
 
 
 # --------------------------------------------------------------------------

@@ -8,7 +8,9 @@ float region); the backward reads the copy. The copy is bit for bit the original
 tensor the replayed ops read, parameters included, is unwritten between the original ops and the
 replay: the gradients are applied the moment they are computed, backward from the loss, so the
 weights of the layers before the one being differentiated are still the forward's. The check is
-made for every read, so a weight updated earlier (a shared one) stops the replay.
+made for every read, so a weight updated earlier (a shared one) stops the replay. A replayed op's
+other outputs that nothing but that op ever writes (a block's ReLU masks) are read from the
+replay's copies after it, so that the forward's die with the forward.
 
 A tensor is replayed only where the planned arena, plus what the replayed ops add to the runtime
 context, gets at least 1% smaller, greedily (the tensors alive where the most bytes are, largest
@@ -80,6 +82,17 @@ def _candidates(tensors, ops, io):
     return sorted(out, key=lambda r: -tensors[r].nbytes)
 
 
+def _same_for_good(ops, roots, writers, k, r, n_fwd, at, last_touch):
+    """Whether root r holds op k's output from op k on and is read at or after op `at` (a ReLU mask
+    the backward keeps), so that the ops from `at` on may read a replay's copy of it instead, and r
+    need not live through the backward: op k its only writer, forward or backward, and not reading it
+    (nothing in place)."""
+    return (writers.get(r) == [k] and last_touch.get(r, -1) >= at
+            and not any(roots[t] == r for slot, t in zip(ops[k].spec.slots, ops[k].slots)
+                        if t is not None and slot.role != "out")
+            and not any(roots[u] == r for o in ops[n_fwd:] for u in _writes(o)))
+
+
 def _replay(tensors, ops, a):
     """(new tensors, new ops, replayed MACs) that recompute root a before its first backward
     toucher, or None where that cannot be exact or needs too many ops."""
@@ -99,7 +112,7 @@ def _replay(tensors, ops, a):
                 last_touch[roots[t]] = k
     a_bytes = tensors[a].nbytes
 
-    chain, cloned, todo = set(), {a}, [a]
+    chain, cloned, todo, redirect = set(), {a}, [a], {a}
     while todo:
         r = todo.pop()
         for k in writers.get(r, ()):
@@ -109,6 +122,8 @@ def _replay(tensors, ops, a):
                 return None
             chain.add(k)
             for t in _writes(ops[k]):   # every output of a replayed op is a copy, all its writers replayed
+                if _same_for_good(ops, roots, writers, k, roots[t], n_fwd, at, last_touch):
+                    redirect.add(roots[t])   # and the backward reads the copy of one it reads later
                 if roots[t] not in cloned:
                     cloned.add(roots[t])
                     todo.append(roots[t])
@@ -150,6 +165,6 @@ def _replay(tensors, ops, a):
 
     replays = [replace(ops[k], phase="TRAIN", slots=[None if t is None else copy(t) for t in ops[k].slots],
                        attrs=list(ops[k].attrs)) for k in chain]
-    after = [replace(o, slots=[t if t is None or roots[t] != a else copy(t) for t in o.slots])
+    after = [replace(o, slots=[t if t is None or roots[t] not in redirect else copy(t) for t in o.slots])
              for o in ops[at:]]
     return clones, ops[:at] + replays + after, sum(ops[k].macs for k in chain)

@@ -63,8 +63,9 @@ def f32_bits(v):
 
 class Builder:
     def __init__(self, graph: Graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None,
-                 saved="float32"):
+                 saved="float32", input_in_place=False):
         self.g = graph
+        self.input_in_place = input_in_place
         self.saved = saved                      # "int8"/"bits": Clip outputs kept for backward as int8/masks
         self.saved_q = {}                       # value name -> its int8 copy
         self.saved_mask = {}                    # value name -> its 1-bit mask (U8, ceil(n / 8) bytes)
@@ -182,6 +183,8 @@ class Builder:
         self.needs.update(name for name in self.g.values if self.needs_grad(name))
         x = self.value_tensor(self.g.input)
         self.tensors[x].flags |= F.TFLAGS["INPUT"]
+        if self.input_in_place:   # the caller's sample, read where it is: nothing runs in place over it
+            self.tensors[x].storage = "INPUT"
         for n in nodes:
             self.forward(n)
         out = self.value_tensor(self.g.output)
@@ -744,12 +747,13 @@ def macs_total(ops):
 
 
 def build_training(graph, trainable, loss, batch, momentum, inplace=True, clip_grad=None, channels=None,
-                   saved="float32"):
+                   saved="float32", input_in_place=False):
     """(tensors, ops) of the training step (the forward ops alone when nothing trains).
     inplace=False gives every value its own tensor memory; clip_grad: the largest L2 norm of
     the batch's gradient over all trainable parameters, or None; channels: {weight: (axis,
     channels)} for weights that train on some channels only (schemes.py); saved: "int8" keeps
-    ReLU6 outputs for the backward as int8, "bits" keeps Clip masks as 1 bit each (Clip rule)."""
+    ReLU6 outputs for the backward as int8, "bits" keeps Clip masks as 1 bit each (Clip rule);
+    input_in_place: the input tensor is the caller's sample, read where it is (storage INPUT)."""
     if not math.isfinite(momentum) or not 0 <= momentum < 1:
         raise ValueError("momentum must be in [0, 1), got %r" % momentum)
-    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad, channels, saved).build()
+    return Builder(graph, trainable, loss, batch, momentum, inplace, clip_grad, channels, saved, input_in_place).build()

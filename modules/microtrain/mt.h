@@ -62,7 +62,7 @@ typedef struct {
     /* the run, set by mt_attach */
     uint8_t *ram;                 /* NULL until mt_attach: state region, arena, runtime context */
     const uint8_t *context;       /* the runtime context: in ram after the arena, or in the plan */
-    uintptr_t base[4];            /* where tensor references point (mt_core.h) */
+    uintptr_t base[8];            /* where tensor references point (mt_core.h), by region */
     uint32_t in_ref, target_ref, out_ref, n_in, n_target, n_out;
     uint32_t phase_at[3];         /* where each phase's records start in the context (bytes) */
     uint32_t phase_op[3];         /* the index of each phase's first op */
@@ -118,7 +118,9 @@ int mt_context_in_ram(mt_ctx_t *ctx);
 
 /* Training and inference. x holds mt_input_len() elements of mt_input_dtype():
  * float32 (any alignment), or int8 / uint8 for a plan compiled for integer input
- * (a uint8 input is stored as int8 with its zero point moved by -128). */
+ * (a uint8 input is stored as int8 with its zero point moved by -128). A plan that
+ * reads its input in place (storage INPUT) copies nothing: the ops read x during
+ * the call, a float x must be 4-byte aligned (MT_E_ALIGN), and x must not change. */
 int mt_step_label(mt_ctx_t *ctx, const void *x, size_t n_x, int32_t label, float *loss);
 int mt_step_target(mt_ctx_t *ctx, const void *x, size_t n_x, const float *target, size_t n_target, float *loss);
 int mt_predict(mt_ctx_t *ctx, const void *x, size_t n_x, float *out, size_t n_out);

@@ -57,12 +57,14 @@ typedef struct {
  * the region in the low bits; ctx->base[region] is the region's address minus
  * the region number, so base + ref is the tensor's address. References are the
  * same on every platform, so the context has the same size on the host (64-bit
- * pointers) as on a board, and the report's context_bytes is the board's. */
-enum { MT_REGION_STATE = 0, MT_REGION_ARENA = 1, MT_REGION_CONST = 2, MT_REGION_NONE = 3 };
+ * pointers) as on a board, and the report's context_bytes is the board's. The
+ * input region is the caller's sample, for a plan that reads its input in place
+ * (MT_STORAGE_INPUT): its base is set by mt_set_input and is 0 when none is set. */
+enum { MT_REGION_STATE = 0, MT_REGION_ARENA = 1, MT_REGION_CONST = 2, MT_REGION_NONE = 3, MT_REGION_INPUT = 4 };
 #define MT_REF_NONE ((uint32_t)MT_REGION_NONE)   /* an absent optional tensor: resolves to NULL */
 
 MT_INLINE void *mt_ptr(const mt_ctx_t *ctx, uint32_t ref) {
-    return (void *)(ctx->base[ref & 3u] + ref);
+    return (void *)(ctx->base[ref & 7u] + ref);
 }
 #define MT_F32(ctx, ref) ((float *)mt_ptr((ctx), (ref)))
 

@@ -8,9 +8,16 @@ static int ready(const mt_ctx_t *ctx) {
     return ctx->plan != NULL && ctx->ram != NULL;
 }
 
+static int input_in_place(const mt_ctx_t *ctx) {
+    return (ctx->in_ref & 7u) == MT_REGION_INPUT;
+}
+
 /* x may be unaligned (a slice of a byte buffer): copy bytewise, then check a
  * float input. An integer input needs no check; a uint8 one becomes int8 by
- * flipping its top bit (q - 128: the plan's zero point was moved with it). */
+ * flipping its top bit (q - 128: the plan's zero point was moved with it).
+ * A plan that reads its input in place (MT_STORAGE_INPUT) copies nothing: the
+ * ops read x where it is (a float x must then be 4-byte aligned), until the
+ * step or prediction ends, or for mt_run_op until the next mt_set_input. */
 int mt_set_input(mt_ctx_t *ctx, const void *x, size_t n_x) {
     mt_clear_error(ctx);
     if (!ready(ctx)) {
@@ -18,6 +25,19 @@ int mt_set_input(mt_ctx_t *ctx, const void *x, size_t n_x) {
     }
     if (x == NULL || n_x != ctx->n_in) {
         return MT_E_INPUT_LEN;
+    }
+    if (input_in_place(ctx)) {
+        ctx->base[MT_REGION_INPUT] = 0;
+        if (ctx->input_dtype == MT_DTYPE_F32) {
+            if (((uintptr_t)x & 3u) != 0) {
+                return MT_E_ALIGN;
+            }
+            if (!mt_all_finite((const float *)x, ctx->n_in)) {
+                return MT_E_NONFINITE;
+            }
+        }
+        ctx->base[MT_REGION_INPUT] = (uintptr_t)x - MT_REGION_INPUT;
+        return MT_OK;
     }
     if (ctx->input_dtype != MT_DTYPE_F32) {
         int8_t *in = (int8_t *)mt_ptr(ctx, ctx->in_ref);
@@ -55,6 +75,9 @@ int mt_run_op(mt_ctx_t *ctx, uint32_t index) {
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
+    if (input_in_place(ctx) && ctx->base[MT_REGION_INPUT] == 0) {
+        return MT_E_NO_INPUT;
+    }
     if (index >= ctx->n_ops) {
         return MT_E_INDEX;
     }
@@ -69,6 +92,7 @@ int mt_run_op(mt_ctx_t *ctx, uint32_t index) {
  * wrap can move the boundary); its BATCH_END ops run then, also with batch 1. */
 static int step(mt_ctx_t *ctx, float *loss) {
     int err = run_ops(ctx, 0, ctx->phase_at[MT_PHASE_BATCH_END], 0);
+    ctx->base[MT_REGION_INPUT] = 0;   /* an input read in place is the caller's for this call only */
     if (err != MT_OK) {
         ctx->rejected += err == MT_E_LOSS;
         return err;
@@ -131,6 +155,7 @@ int mt_step_target(mt_ctx_t *ctx, const void *x, size_t n_x, const float *target
     float *t = MT_F32(ctx, ctx->target_ref);
     memcpy(t, target, n_target * sizeof(float));
     if (!mt_all_finite(t, ctx->n_target)) {
+        ctx->base[MT_REGION_INPUT] = 0;
         return MT_E_TARGET_NONFINITE;
     }
     return step(ctx, loss);
@@ -148,6 +173,7 @@ int mt_predict(mt_ctx_t *ctx, const void *x, size_t n_x, float *out, size_t n_ou
     if (err == MT_OK) {
         err = run_ops(ctx, 0, ctx->phase_at[MT_PHASE_TRAIN], 0);
     }
+    ctx->base[MT_REGION_INPUT] = 0;
     if (err == MT_OK) {
         memcpy(out, MT_F32(ctx, ctx->out_ref), n_out * sizeof(float));
     }

@@ -116,6 +116,7 @@
 #define MT_STORAGE_ARENA 0
 #define MT_STORAGE_CONST 1
 #define MT_STORAGE_STATE 2
+#define MT_STORAGE_INPUT 3
 
 /* tensor flags */
 #define MT_TFLAG_PARAM 1
@@ -1255,7 +1256,8 @@
 #define MT_E_GRAD 36
 #define MT_E_W8_SCALES 37
 #define MT_E_PARAM_RANGE 38
-#define MT_E_COUNT 39
+#define MT_E_NO_INPUT 39
+#define MT_E_COUNT 40
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -1296,6 +1298,7 @@
     "plan bytes changed between mt_load and mt_attach\0" \
     "gradient is not finite; parameters were not updated\0" \
     "an int8 weight of a float op needs one scale per output channel (a per-channel quantization record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan\0" \
-    "parameter value outside its int8 range (127 times its channel's scale): set a smaller value\0"
+    "parameter value outside its int8 range (127 times its channel's scale): set a smaller value\0" \
+    "the plan reads its input in place and none is set: mt_set_input first\0"
 
 #endif /* MT_FORMAT_H */

@@ -36,7 +36,7 @@ static void tensor_view(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t) {
         return;
     }
     const uint8_t *r = tensor_record(ctx, tid);
-    static const uint8_t region[3] = {MT_REGION_ARENA, MT_REGION_CONST, MT_REGION_STATE};   /* by storage */
+    static const uint8_t region[4] = {MT_REGION_ARENA, MT_REGION_CONST, MT_REGION_STATE, MT_REGION_INPUT};   /* by storage */
     t->dtype = r[MT_T_DTYPE];
     t->storage = r[MT_T_STORAGE];
     t->ndim = r[MT_T_NDIM];
@@ -239,6 +239,13 @@ static int tensor_ok(const mt_ctx_t *ctx, uint32_t i) {
         case MT_STORAGE_ARENA: region = ctx->arena_bytes; break;
         case MT_STORAGE_STATE: region = ctx->state_bytes; break;
         case MT_STORAGE_CONST: region = ctx->data_bytes; break;
+        case MT_STORAGE_INPUT:   /* the caller's sample, read in place: the input tensor or a view of it */
+            if (ctx->input >= ctx->n_tensors || off != 0
+                || tensor_record(ctx, ctx->input)[MT_T_STORAGE] != MT_STORAGE_INPUT) {
+                return MT_E_TENSOR;
+            }
+            region = mt_rd_u32(tensor_record(ctx, ctx->input) + MT_T_BYTES);
+            break;
         default: return MT_E_TENSOR;
     }
     if (off > region || bytes > region - off) {
@@ -321,10 +328,13 @@ static int validate_io(mt_ctx_t *ctx) {
     tensor_view(ctx, ctx->input, &x);
     tensor_view(ctx, ctx->output, &y);
     tensor_view(ctx, ctx->target, &t);
-    /* a float input is passed as float; an int8 one as int8, or as uint8 that the core flips to int8 */
+    /* a float input is passed as float; an int8 one as int8, or as uint8 that the core flips to int8
+     * (in a copy: an input read in place, from the caller's memory, is float or int8) */
     int input_fits = x.dtype == MT_DTYPE_F32 ? ctx->input_dtype == MT_DTYPE_F32
-        : x.dtype == MT_DTYPE_I8 && (ctx->input_dtype == MT_DTYPE_I8 || ctx->input_dtype == MT_DTYPE_U8);
-    if (x.storage != MT_STORAGE_ARENA || !input_fits || !(x.flags & MT_TFLAG_INPUT)) {
+        : x.dtype == MT_DTYPE_I8 && (ctx->input_dtype == MT_DTYPE_I8
+                                     || (ctx->input_dtype == MT_DTYPE_U8 && x.storage == MT_STORAGE_ARENA));
+    if ((x.storage != MT_STORAGE_ARENA && x.storage != MT_STORAGE_INPUT) || !input_fits
+        || !(x.flags & MT_TFLAG_INPUT)) {
         FAIL(MT_E_TENSOR, -1, ctx->input);
     }
     if (y.storage != MT_STORAGE_ARENA || y.dtype != MT_DTYPE_F32 || !(y.flags & MT_TFLAG_OUTPUT)) {
@@ -826,7 +836,8 @@ int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info) 
     tensor_view(ctx, (uint16_t)index, &t);
     const uint8_t *r = tensor_record(ctx, index);
     info->name = mt_name_of(ctx, mt_rd_u32(r + MT_T_NAME), &info->name_len);
-    info->data = t.storage == MT_STORAGE_CONST || ctx->ram != NULL ? mt_ptr(ctx, t.ref) : NULL;
+    info->data = t.storage == MT_STORAGE_INPUT ? (ctx->base[MT_REGION_INPUT] != 0 ? mt_ptr(ctx, t.ref) : NULL)
+        : t.storage == MT_STORAGE_CONST || ctx->ram != NULL ? mt_ptr(ctx, t.ref) : NULL;
     info->bytes = mt_rd_u32(r + MT_T_BYTES);
     info->n = t.n;
     memcpy(info->dim, t.dim, sizeof info->dim);
