@@ -15,6 +15,7 @@ host simulator's (bit for bit, or the largest difference).
     python benchmarks/pico_romfs.py --model mcunet-5fps --scheme 49kb [--int8-scope frozen] [--steps 2]
     python benchmarks/pico_romfs.py --model mcunet-5fps --update last-layer
     python benchmarks/pico_romfs.py --model mcunet-5fps --scheme 49kb --board RP2040_4MB_ROMFS
+    python benchmarks/pico_romfs.py --model mcunet-5fps --scheme 148kb --input-in-place
 
 With --model, the plan is compiled as benchmarks/tte.py compiles it (MIT's network and scheme
 from shared/models/tte, frozen part int8 calibrated on benchmarks/calibration.py's crops, uint8
@@ -38,7 +39,7 @@ sys.path.pop(0)
 
 
 def compile_model(model, scheme, update, calibration, int8_scope, lr, momentum, frozen_weights="int8",
-                  trained_weights="int8"):
+                  trained_weights="int8", input_in_place=False):
     from bench_models import tte_dir
     from calibration import int8_options, samples
     d = tte_dir()
@@ -46,9 +47,12 @@ def compile_model(model, scheme, update, calibration, int8_scope, lr, momentum, 
         raise SystemExit("shared/models/tte not found (set MICROTRAIN_TTE)")
     images = samples(calibration + 8, 128)
     how = dict(update=update) if update else dict(update=os.path.join(d, model + ".schemes.json"), scheme=scheme)
+    q = int8_options(images[:calibration])
+    if input_in_place:   # int8 pixels (pixel - 128) read where they are, the ROMFS file: not in the arena
+        q.update(input_dtype="int8", input_quant=(q["input_quant"][0], q["input_quant"][1] - 128))
     plan = microtrain.compile(os.path.join(d, model + ".onnx"), **how, lr=lr, momentum=momentum, saved="bits",
                               int8_scope=int8_scope, frozen_weights=frozen_weights, trained_weights=trained_weights,
-                              **int8_options(images[:calibration]))
+                              input_in_place=input_in_place, **q)
     return plan, images[calibration:]
 
 
@@ -80,6 +84,9 @@ def main():
                     help="frozen conv weights of float layers (--model; compile(frozen_weights=...), as tte.py)")
     ap.add_argument("--trained-weights", choices=("float32", "int8"), default="int8",
                     help="trained conv/Gemm weights (--model; compile(trained_weights=...), as tte.py)")
+    ap.add_argument("--input-in-place", action="store_true",
+                    help="--model: int8 pixels read in place from the ROMFS file (compile(input_in_place=True)), "
+                    "not copied into the arena")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=2)
@@ -99,7 +106,7 @@ def main():
     t = time.time()
     if args.model:
         plan, images = compile_model(args.model, args.scheme, args.update, args.calibration, args.int8_scope, args.lr,
-                                     args.momentum, args.frozen_weights, args.trained_weights)
+                                     args.momentum, args.frozen_weights, args.trained_weights, args.input_in_place)
         print("plan: %s %s (int8_scope %s), compiled in %.0f s" % (args.model, args.update or "scheme " + args.scheme,
                                                                  args.int8_scope, time.time() - t))
         if args.save:
