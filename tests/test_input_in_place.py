@@ -9,6 +9,8 @@ out. Checked, for both exporters:
   for bit those of the plan that copies its input; the caller's sample is unchanged by every
   step; the arena is no larger;
 * the CNN trained whole against PyTorch autograd (test_torch_exactness's check);
+* an int8 model with int8 input whose first op is a depthwise conv, which the copying plan runs in
+  place over its input: the in-place plan runs it into the arena instead, with the same numbers;
 * MCUNet-5fps with MIT's 49kb scheme and int8 input: the same numbers as the copying plan, and
   a lower peak RAM;
 * refused, with the problem named: uint8 input in place (the core flips it to int8 in a copy),
@@ -129,6 +131,42 @@ def test_mcunet_49kb_int8_input_in_place():
     r, c = inplace.report(), copy.report()
     assert r["input_bytes"] == 3 * 128 * 128
     assert r["peak_ram_bytes"] < c["peak_ram_bytes"]
+
+
+class DepthwiseFirst(nn.Module):
+    """A depthwise conv first: int8 with int8 input, the copying plan runs it in place over its input
+    (CONV2D_Q8_DW_INPLACE); reading the input in place, it must not."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.pw = nn.Conv2d(4, 4, 1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.pw(torch.relu(self.dw(x)))).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_int8_depthwise_first_not_run_over_the_sample(exporter, tmp_path):
+    path, _ = case_onnx(Case("dw_first", DepthwiseFirst, (4, 6, 6), n_out=3), exporter, str(tmp_path))
+    rng = np.random.default_rng(4)
+    opts = dict(update="last-layer", lr=0.05, momentum=0.9, quantize="int8", input_dtype="int8", input_quant=(0.05, 0),
+                calibration=rng.normal(size=(16, 4, 6, 6)).astype(np.float32))
+    copy = microtrain.compile(path, **opts)
+    inplace = microtrain.compile(path, input_in_place=True, **opts)
+    assert copy.ops[0]["op"] == "CONV2D_Q8_DW_INPLACE" and inplace.ops[0]["op"] == "CONV2D_Q8"
+    xs = rng.integers(-128, 128, (STEPS, 4, 6, 6)).astype(np.int8)
+    got = []
+    for plan in (copy, inplace):
+        sim = microtrain.Simulator(plan)
+        losses = []
+        for i, x in enumerate(xs):
+            before = x.tobytes()
+            losses.append(sim.step(x, i % 3))
+            assert x.tobytes() == before
+        got.append((losses, sim.predict(xs[0]).tolist()))
+    assert got[0] == got[1]
 
 
 def test_uint8_input_in_place_refused():

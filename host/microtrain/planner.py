@@ -42,7 +42,7 @@ Strategies
     keeping an order whenever its arena is no larger.  It stops at the lower
     bound.  TFLM's size order leaves gaps where long-lived small buffers (the
     1-bit masks a backward keeps) are placed after short-lived large ones; on
-    MIT's networks the search closes them (docs/memory.md).
+    MIT's networks the search closes them (docs/sparse.md).
 
 ``"naive"``
     Every buffer gets its own bytes, in input order (TFLM's
