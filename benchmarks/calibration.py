@@ -36,10 +36,16 @@ def samples(n=64, size=128, seed=0):
     return out
 
 
-def int8_options(calib):
+def int8_options(calib, pixels="uint8"):
     """microtrain.compile's arguments for an MCU network's frozen part in int8 (post-training
-    min/max calibration on `calib`) taking uint8 pixels, as benchmarks/tte.py and bench.py use them."""
-    return dict(quantize="int8", calibration=calib, input_dtype="uint8", input_quant=INPUT_QUANT)
+    min/max calibration on `calib`) taking uint8 pixels, as benchmarks/tte.py and bench.py use them;
+    pixels="int8": int8 pixels (pixel - 128, MIT's int8 input), which a plan can read in place
+    (compile(input_in_place=True)), where a uint8 input is flipped to int8 in a copy."""
+    if pixels not in ("uint8", "int8"):
+        raise ValueError("pixels must be 'uint8' or 'int8', not %r" % (pixels,))
+    scale, zero = INPUT_QUANT
+    return dict(quantize="int8", calibration=calib, input_dtype=pixels,
+                input_quant=(scale, zero) if pixels == "uint8" else (scale, zero - 128))
 
 
 def main():

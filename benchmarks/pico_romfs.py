@@ -47,9 +47,8 @@ def compile_model(model, scheme, update, calibration, int8_scope, lr, momentum, 
         raise SystemExit("shared/models/tte not found (set MICROTRAIN_TTE)")
     images = samples(calibration + 8, 128)
     how = dict(update=update) if update else dict(update=os.path.join(d, model + ".schemes.json"), scheme=scheme)
-    q = int8_options(images[:calibration])
-    if input_in_place:   # int8 pixels (pixel - 128) read where they are, the ROMFS file: not in the arena
-        q.update(input_dtype="int8", input_quant=(q["input_quant"][0], q["input_quant"][1] - 128))
+    # in place: int8 pixels read where they are, the ROMFS file, not in the arena
+    q = int8_options(images[:calibration], "int8" if input_in_place else "uint8")
     plan = microtrain.compile(os.path.join(d, model + ".onnx"), **how, lr=lr, momentum=momentum, saved="bits",
                               int8_scope=int8_scope, frozen_weights=frozen_weights, trained_weights=trained_weights,
                               input_in_place=input_in_place, **q)

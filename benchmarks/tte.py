@@ -76,7 +76,7 @@ def measure(onnx_path, schemes_path, scheme, calib, momentum, saved="bits", int8
     # board, a sample in flash (a ROMFS file read as a memoryview) never enters RAM; int8 pixels
     # (pixel - 128, MIT's int8 input), since a uint8 input is flipped to int8 in a copy
     if "input_dtype" in q:
-        q.update(input_dtype="int8", input_quant=(q["input_quant"][0], q["input_quant"][1] - 128))
+        q.update(int8_options(calib, "int8"))
     flash_in = microtrain.compile(onnx_path, update=schemes_path, scheme=scheme, momentum=momentum, saved=saved,
                                   trained_weights=trained_weights, recompute=recompute, input_in_place=True, **q)
     ri = flash_in.report()

@@ -36,7 +36,7 @@ from microtrain.native import Core, PlanError
 
 import test_torch_exactness as TE
 from oracle_models import MODEL_CASES, VIEW_CASES, Case, case_onnx
-from tte_parity import assert_trains_alike, mcunet
+from tte_parity import assert_trains_alike, mcunet, tte
 
 EXPORTERS = ("ts13", "dynamo")
 STEPS = 10
@@ -122,8 +122,7 @@ def test_in_place_cnn_against_pytorch(exporter, tmp_path, monkeypatch):
 
 
 def test_mcunet_49kb_int8_input_in_place():
-    path, opts = mcunet("49kb")
-    opts.update(input_dtype="int8", input_quant=(opts["input_quant"][0], opts["input_quant"][1] - 128))
+    path, opts = tte("mcunet-5fps", "49kb", "int8")
     copy = microtrain.compile(path, **opts)
     inplace = microtrain.compile(path, input_in_place=True, **opts)
     xs = np.random.default_rng(5).integers(-128, 128, (2, 1, 3, 128, 128)).astype(np.int8)
@@ -227,8 +226,7 @@ def test_validator_refuses_input_storage_where_it_does_not_belong(mlp_plan, tmp_
         with pytest.raises(PlanError, match="invalid tensor record"):
             Core(data)
     # uint8 input read in place: the plan's input dtype field set to U8 on an int8-input plan
-    path, opts = mcunet("49kb")
-    opts.update(input_dtype="int8", input_quant=(opts["input_quant"][0], opts["input_quant"][1] - 128))
+    path, opts = tte("mcunet-5fps", "49kb", "int8")
     p8 = microtrain.compile(path, update="none", **{k: v for k, v in opts.items() if k not in ("update", "scheme")},
                             input_in_place=True)
     b = bytearray(p8.data)

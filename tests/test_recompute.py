@@ -12,7 +12,11 @@ exporters, trained whole, biases only, and with batches of 4:
   less than 1% of the arena; a weight written before its replay stops it;
 * MCUNet-5fps's 148kb scheme (the MIT model), replayed and not, trains 2 steps bit for bit alike;
   the backward reads the masks its replays make again, the forward's masks of those blocks dying
-  with the forward.
+  with the forward; a mask the backward writes is not read from a replay;
+* MobileNetV2-w0.35's 138kb scheme reading its input in place: a block whose output bias the
+  backward updates before it reaches the block's masks is replayed before that update, and a
+  compound move (a replay that does not pay alone, then those it makes possible) lowers the arena
+  of the 123kb scheme; both train as the plans that keep everything.
 """
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ import torch.nn.functional as TF
 
 import microtrain
 import microtrain.recompute as R
+from microtrain import format as F
 from oracle_models import Case, export
 from test_torch_exactness import train_both
-from tte_parity import assert_trains_alike, mcunet
+from tte_parity import assert_trains_alike, mcunet, tte
 
 STEPS = 20
 UPDATES = ("full", "bias")
@@ -73,8 +78,14 @@ def models(tmp_path_factory):
 
 def replayed(plan):
     """The plan's replayed forward ops: those writing a copy ("@replay")."""
+    return [plan.ops[k] for k in replay_index(plan)]
+
+
+def replay_index(plan):
+    """The indices in plan.ops of its replayed forward ops: those writing a copy ("@replay")."""
     name = lambda s: plan.tensors[s]["name"] if s is not None and s < len(plan.tensors) else ""
-    return [o for o in plan.ops if o["phase"] != "FORWARD" and any("@replay" in name(s) for s in o["slots"])]
+    return [k for k, o in enumerate(plan.ops) if o["phase"] != "FORWARD" and any(
+        "@replay" in name(s) for sl, s in zip(F.OPS_BY_NAME[o["op"]].slots, o["slots"]) if sl.role != "in")]
 
 
 def data(n, seed=0):
@@ -133,9 +144,9 @@ def test_a_weight_written_before_the_replay_stops_it(models, monkeypatch):
     every parameter as well."""
     real, params = R._writes, set()
 
-    def spy(tensors, ops, a):
+    def spy(tensors, ops, a, keep=None):
         params.update(i for i, t in enumerate(tensors) if t.storage == "STATE")
-        return replay(tensors, ops, a)
+        return replay(tensors, ops, a, keep)
 
     replay = R._replay
     monkeypatch.setattr(R, "_replay", spy)
@@ -180,6 +191,73 @@ def test_mcunet_148kb_replayed_trains_as_kept():
     assert copies, "no replay made a mask again"
     assert all(last[n.split("@replay")[0]] < n_fwd for n in copies), "a forward mask lives on beside its copy"
     assert_trains_alike(a, b)
+
+
+def _moved_replays(plan):
+    """Runs of replayed ops (first, last index) placed before an op that reads none of their copies
+    but updates a parameter they read. A replay made for its first reader runs right before it."""
+    name = lambda s: plan.tensors[s]["name"] if s is not None and s < len(plan.tensors) else ""
+    spec = lambda o: F.OPS_BY_NAME[o["op"]].slots
+    written = lambda o: {s for sl, s in zip(spec(o), o["slots"]) if s is not None and sl.role != "in"}
+    replays, moved, runs = replay_index(plan), [], []
+    for k in replays:   # maximal runs of consecutive replayed ops
+        if runs and runs[-1][-1] == k - 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    for run in runs:
+        made = {s for k in run for s in written(plan.ops[k]) if "@replay" in name(s)}
+        read = {s for k in run for s in plan.ops[k]["slots"] if s is not None and plan.tensors[s]["storage"] == "STATE"}
+        after = plan.ops[run[-1] + 1]
+        if not made & set(after["slots"]) and read & written(after):
+            moved.append((run[0], run[-1]))
+    return moved
+
+
+def test_replay_runs_before_the_update_of_a_bias_it_reads():
+    """MobileNetV2 138kb (input in place): block 9's masks are read by its backward after the bias
+    of its last conv is updated; the block is replayed before that update, and trains as kept."""
+    path, opts = tte("mbv2-w0.35", "138kb", "int8")
+    a = microtrain.compile(path, input_in_place=True, **opts)
+    b = microtrain.compile(path, input_in_place=True, recompute=False, **opts)
+    assert _moved_replays(a), "no replay runs before a parameter it reads is updated"
+    assert a.report()["arena_bytes"] < b.report()["arena_bytes"]
+    xs = np.random.default_rng(3).integers(-128, 128, (2, 1, 3, 128, 128)).astype(np.int8)
+    assert_trains_alike(a, b, xs=xs, ys=[3, 7])
+
+
+def test_compound_replays_lower_the_arena(monkeypatch):
+    """MobileNetV2 123kb (input in place): compound moves take the arena below what one replay at a
+    time reaches, and the plan trains as kept."""
+    path, opts = tte("mbv2-w0.35", "123kb", "int8")
+    a = microtrain.compile(path, input_in_place=True, **opts)
+    b = microtrain.compile(path, input_in_place=True, recompute=False, **opts)
+    monkeypatch.setattr(R, "KEEPS", ())
+    single = microtrain.compile(path, input_in_place=True, **opts)
+    assert a.report()["arena_bytes"] < single.report()["arena_bytes"] < b.report()["arena_bytes"]
+    xs = np.random.default_rng(4).integers(-128, 128, (2, 1, 3, 128, 128)).astype(np.int8)
+    assert_trains_alike(a, b, xs=xs, ys=[1, 8])
+
+
+def test_a_mask_the_backward_writes_is_not_read_from_the_replay(monkeypatch):
+    """A replayed op's other outputs are read from the replay only if nothing in the backward writes
+    them; made here by having every TRAIN op claim to write every mask."""
+    path, opts = mcunet("148kb")
+    real, masks = R._writes, set()
+
+    def spy(tensors, ops, a, keep=None):
+        masks.update(i for i, t in enumerate(tensors) if t.name.endswith("@mask"))
+        return replay(tensors, ops, a, keep)
+
+    replay = R._replay
+    monkeypatch.setattr(R, "_replay", spy)
+    monkeypatch.setattr(R, "_writes", lambda o: real(o) + (sorted(masks) if o.phase == "TRAIN" else []))
+    a = microtrain.compile(path, **opts)
+    assert replayed(a)
+    name = {i: t["name"] for i, t in enumerate(a.tensors)}
+    replays = set(replay_index(a))
+    readers = [name.get(s, "") for k, o in enumerate(a.ops) if k not in replays for s in o["slots"]]
+    assert not [n for n in readers if "@mask@replay" in n], "a mask read from a replay"
 
 
 def test_cli_no_recompute(models, tmp_path):

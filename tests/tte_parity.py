@@ -16,10 +16,11 @@ def mcunet(scheme):
     return tte("mcunet-5fps", scheme)
 
 
-def tte(model, scheme):
+def tte(model, scheme, pixels="uint8"):
     """(ONNX path, compile options) of one of MIT's models with one of its schemes: int8 prefix with
-    8 calibration crops, uint8 input, saved bits, frozen and trained weights int8, momentum 0.9.
-    Skips where the MIT models are not on the machine."""
+    8 calibration crops, uint8 input (pixels="int8": int8, as an input read in place takes it), saved
+    bits, frozen and trained weights int8, momentum 0.9. Skips where the MIT models are not on the
+    machine."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     try:
         from bench_models import tte_dir
@@ -31,7 +32,7 @@ def tte(model, scheme):
         pytest.skip("the MIT models are not on this machine (benchmarks/bench_models.py)")
     return os.path.join(d, model + ".onnx"), dict(
         update=os.path.join(d, model + ".schemes.json"), scheme=scheme, saved="bits", frozen_weights="int8",
-        trained_weights="int8", momentum=0.9, **int8_options(samples(8, 128)))
+        trained_weights="int8", momentum=0.9, **int8_options(samples(8, 128), pixels))
 
 
 def assert_trains_alike(a, b, steps=2, xs=None, ys=None, predict=1):

@@ -74,6 +74,7 @@ anything.
 
 from __future__ import annotations
 
+import bisect
 import operator
 import random
 from dataclasses import dataclass
@@ -294,16 +295,19 @@ def plan(buffers: list[Buffer], align: int = 8, strategy: str = "greedy", gap: i
 def _first_fit(slots, items, order):
     """(top, {buffer: offset}): each buffer in `order` at the lowest offset where it overlaps no
     placed buffer live at the same time (the greedy planner's scan, any order)."""
-    placed: list[tuple[int, int, int, int]] = []   # (offset, end, first, last)
+    placed: list[tuple[int, int, int, int]] = []   # (offset, end, first, last), kept in order
     result, top = {}, 0
     for i in order:
         size, (_, first, last) = slots[i], items[i]
         candidate = 0
-        for off, end, f, l in sorted(p for p in placed if p[2] <= last and p[3] >= first):
+        for off, end, f, l in placed:
+            if f > last or l < first:
+                continue    # not live at the same time
             if off - candidate >= size:
                 break
-            candidate = max(candidate, end)
-        placed.append((candidate, candidate + size, first, last))
+            if end > candidate:
+                candidate = end
+        bisect.insort(placed, (candidate, candidate + size, first, last))
         result[i] = candidate
         top = max(top, candidate + size)
     return top, result

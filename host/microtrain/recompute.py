@@ -12,11 +12,18 @@ made for every read, so a weight updated earlier (a shared one) stops the replay
 other outputs that nothing but that op ever writes (a block's ReLU masks) are read from the
 replay's copies after it, so that the forward's die with the forward.
 
+Where the backward updates a parameter a replayed op reads before the copy is first read (a
+block's bias, updated before the backward reaches that block's masks), the replay runs just before
+that update instead.
+
 A tensor is replayed only where the planned arena, plus what the replayed ops add to the runtime
 context, gets at least 1% smaller, greedily (the tensors alive where the most bytes are, largest
 first), the replayed multiply-accumulates adding up to at most the forward's own (at most one more
-forward's work per step). The replayed ops run in the TRAIN phase: inference (the FORWARD phase)
-is unchanged.
+forward's work per step). When no single replay pays, compound moves are tried: one replay that
+keeps a dead checkpoint as large as the replayed tensor (or 4 times it), which may not pay alone,
+taken if the greedy replays it makes possible (the other tensors made again from the same
+checkpoint) bring the arena down by 1% in all. The replayed ops run in the TRAIN phase: inference
+(the FORWARD phase) is unchanged.
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ NOT_REPLAYED = ("CONV_DW_PW_Q8_TO_PIPE", "CONV_DW_PW_Q8_FROM_PIPE")   # a pipe p
 CHECKPOINT_SHARE = 4    # a dead tensor at most 1/4 of the replayed one's bytes is kept, not replayed
 MAX_CHAIN = 24          # ops replayed for one tensor
 MIN_GAIN = 100          # a replay must lower the arena by at least 1/100 of it: no work for a few bytes
+KEEPS = (1, 4)          # a compound move's first replay keeps dead tensors up to 1x, 4x its bytes
+COMPOUND_TRIES = 8      # compound moves tried in all (each a greedy pass over the candidates): compile time
 OP_BYTES = 256          # about what a replayed op adds to the runtime context (its decoded record)
 
 
@@ -39,7 +48,45 @@ def replay_saved(tensors, ops, io, strategy="greedy", gap=0):
     if not any(o.phase != "FORWARD" for o in ops):
         return ops, []
     budget = sum(o.macs for o in ops if o.phase == "FORWARD")
-    spent, replayed = 0, []
+    ops, replayed, spent, best = _greedy(tensors, ops, io, strategy, gap, budget, 0)
+    tries = 0
+    while tries < COMPOUND_TRIES:   # compound moves: one replay that may not pay alone, then the greedy ones after it
+        move = None
+        for a in _candidates(tensors, ops, io):
+            for clones, first, macs in _wider(tensors, ops, a):
+                if spent + macs > budget or tries >= COMPOUND_TRIES:
+                    continue
+                tries += 1
+                trial = tensors + clones
+                new_ops, more, total, arena = _greedy(trial, first, io, strategy, gap, budget, spent + macs)
+                if _pays(arena, new_ops, best, ops):
+                    move = trial, new_ops, total, arena, [trial[a].name] + more
+                    break
+            if move:
+                break
+        if move is None:
+            break
+        tensors[:], ops, spent, best, names = move
+        replayed += names
+    return ops, replayed
+
+
+def _wider(tensors, ops, a):
+    """The replays of root a that keep a larger checkpoint than the greedy pass's (KEEPS), each chain
+    once, none the greedy pass tried."""
+    seen, out = {_shape(_replay(tensors, ops, a))}, []
+    for k in KEEPS:
+        f = _replay(tensors, ops, a, k * tensors[a].nbytes)
+        if f is not None and _shape(f) not in seen:
+            seen.add(_shape(f))
+            out.append(f)
+    return out
+
+
+def _greedy(tensors, ops, io, strategy, gap, budget, spent):
+    """Replay one tensor at a time while each lowers the arena, appending the copies to tensors:
+    (ops, replayed names, MACs spent, arena)."""
+    replayed = []
     best = planned_arena(tensors, ops, io, strategy, gap)
     while True:
         for a in _candidates(tensors, ops, io):
@@ -50,13 +97,24 @@ def replay_saved(tensors, ops, io, strategy="greedy", gap=0):
             if spent + macs > budget:
                 continue
             arena = planned_arena(tensors + clones, new_ops, io, strategy, gap)
-            if arena + OP_BYTES * (len(new_ops) - len(ops)) <= best - max(F.ALIGN, best // MIN_GAIN):
+            if _pays(arena, new_ops, best, ops):
                 best, spent, ops = arena, spent + macs, new_ops
                 tensors.extend(clones)
                 replayed.append(tensors[a].name)
                 break
         else:
-            return ops, replayed
+            return ops, replayed, spent, best
+
+
+def _shape(found):
+    """What tells two replays of one tensor apart: their op count and MACs (None: no replay)."""
+    return None if found is None else (len(found[1]), found[2])
+
+
+def _pays(arena, new_ops, best, ops):
+    """Whether the arena with new_ops, plus what their extra ops add to the runtime context, is at
+    least MIN_GAIN smaller than best with ops."""
+    return arena + OP_BYTES * (len(new_ops) - len(ops)) <= best - max(F.ALIGN, best // MIN_GAIN)
 
 
 def _writes(o):
@@ -76,24 +134,24 @@ def _candidates(tensors, ops, io):
     peak = max(range(len(ops)), key=live.__getitem__)
     n_fwd = next(k for k, o in enumerate(ops) if o.phase != "FORWARD")
     io_roots = {roots[i] for i in io} | {r for i, r in enumerate(roots) if tensors[i].flags}
+    written = {roots[t] for o in ops[:n_fwd] for t in _writes(o)}
     out = [r for r, (f, l) in span.items()
-           if f < n_fwd <= l and f <= peak <= l and r not in io_roots
-           and any(roots[t] == r for o in ops[:n_fwd] for t in _writes(o))]
+           if f < n_fwd <= l and f <= peak <= l and r not in io_roots and r in written]
     return sorted(out, key=lambda r: -tensors[r].nbytes)
 
 
-def _same_for_good(ops, roots, writers, k, r, n_fwd, at, last_touch):
+def _same_for_good(ops, roots, writers, k, r, at, last_touch, backward_writes):
     """Whether root r holds op k's output from op k on and is read at or after op `at` (a ReLU mask
     the backward keeps), so that the ops from `at` on may read a replay's copy of it instead, and r
-    need not live through the backward: op k its only writer, forward or backward, and not reading it
-    (nothing in place)."""
+    need not live through the backward: op k its only writer, forward or backward (backward_writes:
+    the roots the backward writes), and not reading it (nothing in place)."""
     return (writers.get(r) == [k] and last_touch.get(r, -1) >= at
             and not any(roots[t] == r for slot, t in zip(ops[k].spec.slots, ops[k].slots)
                         if t is not None and slot.role != "out")
-            and not any(roots[u] == r for o in ops[n_fwd:] for u in _writes(o)))
+            and r not in backward_writes)
 
 
-def _replay(tensors, ops, a):
+def _replay(tensors, ops, a, keep=None):
     """(new tensors, new ops, replayed MACs) that recompute root a before its first backward
     toucher, or None where that cannot be exact or needs too many ops."""
     roots = _roots(tensors)
@@ -101,16 +159,18 @@ def _replay(tensors, ops, a):
     at = next(k for k in range(n_fwd, len(ops)) if any(roots[t] == a for t in ops[k].slots if t is not None))
     if at == n_fwd or ops[at].phase != "TRAIN":
         return None     # read by the loss (the first training op), or only at the batch's end
+    writes = [[roots[t] for t in _writes(o)] for o in ops]   # the roots each op writes
     writers = {}    # root -> the forward ops writing it
-    for k, o in enumerate(ops[:n_fwd]):
-        for t in _writes(o):
-            writers.setdefault(roots[t], []).append(k)
+    for k in range(n_fwd):
+        for r in writes[k]:
+            writers.setdefault(r, []).append(k)
+    backward_writes = {r for w in writes[n_fwd:] for r in w}
     last_touch = {}
     for k, o in enumerate(ops):
         for t in o.slots:
             if t is not None:
                 last_touch[roots[t]] = k
-    a_bytes = tensors[a].nbytes
+    keep = tensors[a].nbytes // CHECKPOINT_SHARE if keep is None else keep
 
     chain, cloned, todo, redirect = set(), {a}, [a], {a}
     while todo:
@@ -121,18 +181,18 @@ def _replay(tensors, ops, a):
             if ops[k].name in NOT_REPLAYED:
                 return None
             chain.add(k)
-            for t in _writes(ops[k]):   # every output of a replayed op is a copy, all its writers replayed
-                if _same_for_good(ops, roots, writers, k, roots[t], n_fwd, at, last_touch):
-                    redirect.add(roots[t])   # and the backward reads the copy of one it reads later
-                if roots[t] not in cloned:
-                    cloned.add(roots[t])
-                    todo.append(roots[t])
+            for w in writes[k]:   # every output of a replayed op is a copy, all its writers replayed
+                if _same_for_good(ops, roots, writers, k, w, at, last_touch, backward_writes):
+                    redirect.add(w)   # and the backward reads the copy of one it reads later
+                if w not in cloned:
+                    cloned.add(w)
+                    todo.append(w)
             for slot, t in zip(ops[k].spec.slots, ops[k].slots):
                 if t is None or slot.role != "in" or roots[t] in cloned:
                     continue
                 x = roots[t]
                 if (tensors[x].storage != "ARENA" or last_touch.get(x, -1) >= at
-                        or tensors[x].nbytes * CHECKPOINT_SHARE <= a_bytes):
+                        or tensors[x].nbytes <= keep):
                     continue        # a constant or parameter, alive there anyway, or small: kept
                 if x not in writers:
                     return None     # the input, dead by then
@@ -141,13 +201,17 @@ def _replay(tensors, ops, a):
         if len(chain) > MAX_CHAIN:
             return None
     chain = sorted(chain)
-    # exact only if nothing a replayed op reads from outside the chain is written before the replay
+    # exact only if nothing a replayed op reads from outside the chain is written before the replay:
+    # where the backward writes it before `at` (a bias updated before its op's mask is read), the
+    # replay runs before that write
     for k in chain:
         for t in ops[k].slots:
             if t is None or roots[t] in cloned:
                 continue
-            if any(roots[u] == roots[t] for o in ops[k + 1:at] for u in _writes(o)):
+            w = next((j for j in range(k + 1, at) if roots[t] in writes[j]), at)
+            if w <= n_fwd:
                 return None
+            at = w
 
     n = len(tensors)
     clones, index = [], {}
