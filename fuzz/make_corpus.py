@@ -168,6 +168,31 @@ def int8_block(seed=9, proj=3):
                           "hi": np.float32(6), "fc.weight": w(2, proj), "fc.bias": w(2)}, [1, 2, 5, 7], [1, 2], "int8_block")
 
 
+def int8_residual_block(seed=13):
+    """A stem (3x3 conv-ReLU6) and an inverted residual on it (1x1 expansion-ReLU6, depthwise
+    3x3-ReLU6, 1x1 projection, the stem's output added), global average pooling, Gemm: with the
+    projection's bias trained, the expansion streams into it (PWDW_DQ_W8, PWDW_DQ) and the int8
+    residual is added undequantized (ADD_DQ)."""
+    rng = np.random.default_rng(seed)
+    w = lambda *s: rng.normal(0, 0.4, s)   # noqa: E731
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "s.weight", "s.bias"], ["a"], pads=[1, 1, 1, 1], name="stem"),
+             n("Clip", ["a", "lo", "hi"], ["a6"], name="r1"),
+             n("Conv", ["a6", "e.weight", "e.bias"], ["d"], name="e"),
+             n("Clip", ["d", "lo", "hi"], ["d6"], name="r2"),
+             n("Conv", ["d6", "dw.weight", "dw.bias"], ["f"], pads=[1, 1, 1, 1], group=12, name="dw"),
+             n("Clip", ["f", "lo", "hi"], ["f6"], name="r3"),
+             n("Conv", ["f6", "p.weight", "p.bias"], ["g"], name="p"),
+             n("Add", ["g", "a6"], ["r"], name="residual"),
+             n("GlobalAveragePool", ["r"], ["h"], name="gap"),
+             n("Flatten", ["h"], ["k"], name="flat"),
+             n("Gemm", ["k", "fc.weight", "fc.bias"], ["y"], transB=1, name="fc")]
+    return _model(nodes, {"s.weight": w(2, 1, 3, 3), "s.bias": w(2), "e.weight": w(12, 2, 1, 1), "e.bias": w(12),
+                          "dw.weight": w(12, 1, 3, 3), "dw.bias": w(12), "p.weight": w(2, 12, 1, 1), "p.bias": w(2),
+                          "lo": np.float32(0), "hi": np.float32(6), "fc.weight": w(2, 2), "fc.bias": w(2)},
+                  [1, 1, 8, 8], [1, 2], "int8_residual_block")
+
+
 def int8_two_blocks(seed=11):
     """A stem (3x3 stride-2 conv-ReLU6, depthwise 3x3-ReLU6, 1x1 projection) and an inverted
     residual (1x1 expansion-ReLU6, depthwise 3x3-ReLU6, 1x1 projection to 2 channels), global
@@ -245,6 +270,15 @@ def int8_seeds(c):
         "int8_block_dq_projection_f32": c(int8_block(proj=8), update=["pw2.bias", "fc.weight", "fc.bias"], lr=0.05,
                                           quantize="int8", calibration=np.random.default_rng(1).normal(0, 1, (16, 2, 5, 7))
                                           .astype("f4")),
+        # the expansion streamed into the projection a row at a time, the residual added from int8 (dq_conv.py)
+        "int8_block_streamed_projection": c(int8_residual_block(), update=["p.bias", "fc.weight", "fc.bias"], lr=0.05,
+                                            quantize="int8", frozen_weights="int8",
+                                            calibration=np.random.default_rng(4).normal(0, 1, (16, 1, 8, 8))
+                                            .astype("f4")),
+        "int8_block_streamed_projection_f32": c(int8_residual_block(seed=14), update=["p.bias", "fc.weight", "fc.bias"],
+                                                lr=0.05, momentum=0.9, quantize="int8",
+                                                calibration=np.random.default_rng(4).normal(0, 1, (16, 1, 8, 8))
+                                                .astype("f4")),
         # unfused, the int8 depthwise conv runs over its input (CONV2D_Q8_DW_INPLACE)
         "int8_depthwise_in_place": c(mbconv(), update="last-layer", lr=0.05, quantize="int8", int8_fuse=False,
                                      calibration=np.random.default_rng(2).normal(0, 1, (16, 2, 6, 6)).astype("f4")),

@@ -33,21 +33,35 @@ XS = F.OPS_BY_NAME["CONV2D_DQ_W8"].slot_index("xs")
 
 
 def _unfused(m):
+    """No DEQUANTIZE fused into what reads it (tests/test_pwdw_dq.py: the expansion streamed into the
+    projection, ADD_DQ)."""
+    _dq_alone(m)
     m.setattr(microtrain.compiler, "fuse_dequantize_conv", lambda tensors, ops: (ops, []))
 
 
-def block_plans(tmp_path, exporter, planes=None, train_weight=False, trained_weights="float32", frozen_weights="int8"):
-    """(fused, unfused) plans of the Block, its projection's bias (and weight) and the head trained."""
-    src = M.export(M.Block(cin=3, width=8, expand=24), str(tmp_path / ("block-%s.onnx" % exporter)), exporter,
-                   shape=SHAPE)
+def _dq_alone(m):
+    """CONV2D_DQ(_W8) the only fusion of a DEQUANTIZE (the int8 expansion not streamed into it, no ADD_DQ)."""
+    m.setattr(microtrain.compiler, "stream_into_projection", lambda tensors, ops: (ops, []))
+    m.setattr(microtrain.compiler, "add_dequantized", lambda tensors, ops: (ops, []))
+
+
+def block_plans(tmp_path, exporter, planes=None, train_weight=False, trained_weights="float32", frozen_weights="int8",
+                streams=False, shape=SHAPE, **block):
+    """(fused, unfused) plans of the Block (int8_models.Block's arguments in `block`; 8 channels
+    expanded to 24 by default), its projection's bias (and weight) and the head trained; fused:
+    CONV2D_DQ alone, or with streams every DEQUANTIZE fusion (tests/test_pwdw_dq.py)."""
+    block = dict(dict(width=8, expand=24), **block)
+    src = M.export(M.Block(cin=3, **block), str(tmp_path / ("block-%s.onnx" % exporter)), exporter, shape=shape)
     rng = np.random.default_rng(1)
     kw = dict(quantize="int8", input_dtype="uint8", input_quant=(1 / 255, 0), frozen_weights=frozen_weights, lr=0.05,
               momentum=0.9, trained_weights=trained_weights,
-              calibration=rng.uniform(0, 1, (16,) + SHAPE[1:]).astype(np.float32))
+              calibration=rng.uniform(0, 1, (16,) + shape[1:]).astype(np.float32))
     layers = microtrain.compile(src, update="last-layer").meta["layers"]   # every layer (float plan)
     proj, head = layers[-2], layers[-1]
     update = [proj["bias"], head["weight"], head["bias"]] + ([proj["weight"]] if train_weight else [])
     with pytest.MonkeyPatch.context() as m:
+        if not streams:
+            _dq_alone(m)
         if planes is not None:
             m.setattr(dq_conv, "planes", lambda *a: planes)
         fused = microtrain.compile(src, update=update, **kw)
@@ -75,10 +89,14 @@ def test_fused_plan_is_the_unfused_plan(tmp_path, exporter, planes, frozen):
     assert xs["shape"][0] == (planes or dq_conv.planes(x["shape"][1]))
     if planes != 24:   # all the planes at once: the float copy again, beside its int8 self
         assert fused.report()["arena_bytes"] < plain.report()["arena_bytes"]
-    rng = np.random.default_rng(2)
-    trained = assert_trains_alike(fused, plain, xs=rng.integers(0, 256, (20,) + SHAPE[1:]).astype(np.uint8),
+    trains_alike_and_moves(fused, plain, SHAPE)
+
+
+def trains_alike_and_moves(fused, plain, shape, seed=2):
+    """20 steps of random uint8 images: the two plans bit for bit alike, and every parameter moved."""
+    rng = np.random.default_rng(seed)
+    trained = assert_trains_alike(fused, plain, xs=rng.integers(0, 256, (20,) + shape[1:]).astype(np.uint8),
                                   ys=rng.integers(0, 10, 20), predict=5)
-    # the training moved what it trains
     init = microtrain.Simulator(fused).params()
     assert all(not np.array_equal(init[n], trained[n]) for n in init)
 
@@ -142,6 +160,7 @@ def test_a_conv_the_kernel_does_not_take_is_refused(tmp_path, groups, k, form, e
               update=[layers[-2]["bias"], layers[-1]["weight"], layers[-1]["bias"]])
     assert form not in names(microtrain.compile(src, **kw))
     with pytest.MonkeyPatch.context() as m:
+        _dq_alone(m)
         m.setattr(dq_conv, "kernel_takes", lambda w, attrs: True)
         with pytest.raises(PlanError, match=r"tensor shapes do not fit the op \(op \d+\)"):
             microtrain.compile(src, **kw)
@@ -153,7 +172,7 @@ def test_mbv2_138kb_trains_as_unfused():
     with pytest.MonkeyPatch.context() as m:
         _unfused(m)
         plain = microtrain.compile(path, **kw)
-    assert names(fused).count("CONV2D_DQ_W8") >= 1
+    assert names(fused).count("PWDW_DQ_W8") >= 1
     # blocks.5's depthwise output was dequantized whole: 96 KB
     assert plain.report()["arena_bytes"] - fused.report()["arena_bytes"] > 48 * 1024
     assert_trains_alike(fused, plain)

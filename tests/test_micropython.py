@@ -539,6 +539,35 @@ def data_train_in_place():
 DATA["train_in_place"] = data_train_in_place
 
 
+def data_train_dq():
+    """int8_models.Block (stem, 1x1 expansion, depthwise 3x3, 1x1 projection, the stem's output
+    added) int8 up to the depthwise output, the projection's bias and the head trained: the
+    expansion streamed into the float projection a row at a time and the int8 residual added
+    undequantized (dq_conv.py: PWDW_DQ_W8 and ADD_DQ); the same with float32 frozen weights
+    (PWDW_DQ) as PLAN_F32 and its results."""
+    import tempfile
+    import int8_models
+    rng = np.random.default_rng(13)
+    cal = rng.uniform(0, 1, (16, 3, 12, 12)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = int8_models.export(int8_models.Block(cin=3, width=8, expand=24).eval(), os.path.join(tmp, "b.onnx"),
+                                 "ts", shape=(1, 3, 12, 12))
+        layers = microtrain.compile(src, update="last-layer").meta["layers"]
+        kw = dict(update=[layers[-2]["bias"], layers[-1]["weight"], layers[-1]["bias"]], quantize="int8",
+                  calibration=cal, lr=0.05, momentum=0.9)
+        plans = [microtrain.compile(src, frozen_weights=w, **kw) for w in ("int8", "float32")]
+    for plan, ops in zip(plans, ({"PWDW_DQ_W8", "ADD_DQ"}, {"PWDW_DQ", "ADD_DQ"})):
+        assert ops <= {o["op"] for o in plan.ops}
+    x = rng.uniform(0, 1, (4, 3, 12, 12)).astype(np.float32)
+    y = rng.integers(0, 10, 4)
+    data, f32_data = (trained_on_host(p, x, y) for p in plans)
+    data.update({k + "_F32": f32_data[k] for k in ("PLAN", "HOST_LOSSES", "HOST_PARAMS", "INIT")})
+    return data
+
+
+DATA["train_dq"] = data_train_dq
+
+
 def data_train_q8_state():
     """tests/test_sparse.py's CNN with its trained weights int8 (trained_weights="int8",
     docs/sparse.md): some input channels of the expansion (an int8 slice), some channels of the

@@ -5,7 +5,7 @@ import math
 
 from . import __version__
 from . import format as F
-from .dq_conv import fuse_dequantize_conv
+from .dq_conv import add_dequantized, fuse_dequantize_conv, stream_into_projection
 from .dw_stream import stream_blocks
 from .recompute import replay_saved
 from .ring_channels import one_channel_rings, prune
@@ -257,6 +257,14 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         if dq:
             graph.notes.append("dq_conv: %s read%s its int8 input a few channels at a time, never dequantized whole"
                                % (", ".join(dq), "s" if len(dq) == 1 else ""))
+        ops, adds = add_dequantized(tensors, ops)
+        if adds:
+            graph.notes.append("dq_conv: %s add%s an int8 tensor never dequantized whole"
+                               % (", ".join(adds), "s" if len(adds) == 1 else ""))
+        ops, rows = stream_into_projection(tensors, ops)
+        if rows:
+            graph.notes.append("dq_conv: %s read%s the int8 expansion before it a row at a time (the depthwise "
+                               "output never whole)" % (", ".join(rows), "s" if len(rows) == 1 else ""))
     if weight_decay and any(t.name == "acc(%s)" % p for t in tensors for p in channels):
         raise ValueError("weight decay with a channel-sparse update and an accumulator (batch > 1, clip_grad or a "
                          "shared weight) would decay the frozen channels too: use weight_decay=0, or batch 1")

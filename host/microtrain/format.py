@@ -213,6 +213,9 @@ OPS = (
     # `shift` (TFLite's rounding); act_min/act_max clamp the int8 output (ReLU, ReLU6 folded).
     OpSpec("QUANTIZE", 20, _s("x y:out:I8"), ()),
     OpSpec("DEQUANTIZE", 21, _s("x:I8 y:out"), ()),
+    # DEQUANTIZE then ADD without the float copy: y = a + (q - zero_point) * scale, y over a (a
+    # residual from the int8 prefix added to a float block's output; dq_conv.py)
+    OpSpec("ADD_DQ", 80, _s("a q:I8 y:out"), (), inplace=(("y", "a"),)),
     OpSpec("CONV2D_Q8", 22, _s("x:I8 w:I8 b:I32? mult:I32 shift:I32 y:out:I8"), CONV_ATTRS + Q8_CLAMP),
     OpSpec("GEMM_Q8", 23, _s("x:I8 w:I8 b:I32? mult:I32 shift:I32 y:out:I8"), ("w_layout",) + Q8_CLAMP),
     OpSpec("ADD_Q8", 24, _s("a:I8 b:I8 y:out:I8"),
@@ -236,6 +239,18 @@ OPS = (
     # the expanded tensor's quantization); the same integers as the two ops (docs/quantization.md)
     OpSpec("PWDW_Q8", 32, _s("x:I8 w1:I8 b1:I32? mult1:I32 shift1:I32 w:I8 b:I32? mult:I32 shift:I32 "
                              "ring:out:I8 y:out:I8"), CONV_ATTRS + Q8_CLAMP + ("act_min1", "act_max1")),
+    # PWDW_Q8 streamed into the float 1x1 conv that reads its output (the first float layer after
+    # an int8 prefix, CONV2D_DQ_W8 or CONV2D_DQ: w2 (O, E, 1, 1), int8 with per-output-channel
+    # scales or float32; b2): each depthwise output row goes to `row` (E x OW, y's quantization),
+    # is dequantized K channels at a time into xs (K x OW floats, 1 <= K <= E, as DEQUANTIZE), its
+    # O output rows summed on into yrow (O x OW floats) and copied to y's row. Neither the depthwise output nor its float copy exists
+    # whole; y is the three ops' bit for bit (dq_conv.py, mt_pwdw_q8.c)
+    OpSpec("PWDW_DQ_W8", 78, _s("x:I8 w1:I8 b1:I32? mult1:I32 shift1:I32 w:I8 b:I32? mult:I32 shift:I32 "
+                                "ring:out:I8 row:out:I8 w2:I8 b2? xs:out yrow:out y:out"),
+           CONV_ATTRS + Q8_CLAMP + ("act_min1", "act_max1")),
+    OpSpec("PWDW_DQ", 79, _s("x:I8 w1:I8 b1:I32? mult1:I32 shift1:I32 w:I8 b:I32? mult:I32 shift:I32 "
+                             "ring:out:I8 row:out:I8 w2 b2? xs:out yrow:out y:out"),
+           CONV_ATTRS + Q8_CLAMP + ("act_min1", "act_max1")),
     # gradient-norm clipping (compile(clip_grad=...)): every gradient goes to an accumulator;
     # at the end of the batch GRAD_NORM2 sums the squares of all of them into n2 (first=1
     # starts the sum), then GRAD_CLIP scales each by min(1, max_norm / (|mean gradient| + 1e-6))

@@ -9,11 +9,12 @@ from . import format as F
 from .memory import lifetimes, op_slots
 
 
-def alive_at_peak(plan, without=()):
+def alive_at_peak(plan, without=(), phase=None):
     """{"op": index, "op_name": ..., "source": ONNX node, "phase": ..., "live_bytes": n,
     "tensors": [(name, bytes, dtype, first op, last op), ...] largest first} at the first op
-    where the live arena bytes are largest; the memory of the tensors in `without` (ids) not
-    counted (what the peak would be without them)."""
+    where the live arena bytes are largest (of the ops of `phase` only, FORWARD or TRAIN, if
+    given); the memory of the tensors in `without` (ids) not counted (what the peak would be
+    without them)."""
     hd = plan.header
     first, last = lifetimes(len(plan.tensors), op_slots(plan.ops, lambda o: o["op"], lambda o: o["slots"]),
                             [hd["input_tensor"], hd["target_tensor"]])
@@ -30,7 +31,8 @@ def alive_at_peak(plan, without=()):
     for o, (f, l) in spans.items():
         for k in range(f, l + 1):
             live[k] += size[o]
-    k = max(range(len(live)), key=lambda j: (live[j], -j))
+    ks = [j for j, o in enumerate(plan.ops) if phase is None or o.get("phase") == phase]
+    k = max(ks, key=lambda j: (live[j], -j))
     op = plan.ops[k]
     tensors = sorted(((plan.tensors[o]["name"], size[o], plan.tensors[o]["dtype"], f, l)
                       for o, (f, l) in spans.items() if f <= k <= l), key=lambda r: -r[1])

@@ -24,6 +24,13 @@ keeps a dead checkpoint as large as the replayed tensor (or 4 times it), which m
 taken if the greedy replays it makes possible (the other tensors made again from the same
 checkpoint) bring the arena down by 1% in all. The replayed ops run in the TRAIN phase: inference
 (the FORWARD phase) is unchanged.
+
+Last, a replayed op's outputs that wait long for their reader (a block's masks, made when the
+block was replayed for a later block's backward, read by the block's own backward) are made again
+by that op next to their reader, where an equal copy of each input it needs is alive there (the
+block's input, replayed for its weight gradient) and no parameter those outputs depend on is
+updated in between (ONLY_FOR: the masks do not depend on the block's projection, whose bias the
+backward updates first). Any gain over the extra op's record pays: one op, no chain.
 """
 from __future__ import annotations
 
@@ -40,6 +47,8 @@ MIN_GAIN = 100          # a replay must lower the arena by at least 1/100 of it:
 KEEPS = (1, 4)          # a compound move's first replay keeps dead tensors up to 1x, 4x its bytes
 COMPOUND_TRIES = 8      # compound moves tried in all (each a greedy pass over the candidates): compile time
 OP_BYTES = 256          # about what a replayed op adds to the runtime context (its decoded record)
+# inputs that only some outputs of an op depend on: a block's masks do not depend on its projection
+ONLY_FOR = {"PWDW_W8": {"w2": ("z",), "b2": ("z",)}}
 
 
 def replay_saved(tensors, ops, io, strategy="greedy", gap=0):
@@ -68,7 +77,8 @@ def replay_saved(tensors, ops, io, strategy="greedy", gap=0):
             break
         tensors[:], ops, spent, best, names = move
         replayed += names
-    return ops, replayed
+    ops, late = _late_sides(tensors, ops, io, strategy, gap, budget, spent, best)
+    return ops, replayed + late
 
 
 def _wider(tensors, ops, a):
@@ -223,7 +233,7 @@ def _replay(tensors, ops, a, keep=None):
             t = tensors[i]
             view = copy(t.view_of) if t.view_of is not None else None
             clones.append(TTensor("%s@replay%d" % (t.name, n + len(clones)), t.shape, t.dtype, view_of=view,
-                                  onnx_shape=t.onnx_shape, quant=t.quant))
+                                  onnx_shape=t.onnx_shape, quant=t.quant, replay_of=i))
             index[i] = n + len(clones) - 1
         return index[i]
 
@@ -232,3 +242,108 @@ def _replay(tensors, ops, a, keep=None):
     after = [replace(o, slots=[t if t is None or roots[t] not in redirect else copy(t) for t in o.slots])
              for o in ops[at:]]
     return clones, ops[:at] + replays + after, sum(ops[k].macs for k in chain)
+
+
+def _late_sides(tensors, ops, io, strategy, gap, budget, spent, best):
+    """Replayed outputs that wait long for their reader (a block's masks, made with the block's
+    output for a later block's backward and read by the block's own) made again next to it instead,
+    by the replayed op once more, where a copy equal to each input it needs is alive there
+    (_alive_equal) and nothing else it needs is written in between; taken, greedily, where the
+    arena gets smaller by more than the op's record. Returns (ops, names of the outputs made again)."""
+    moved = []
+    while True:
+        for p, q, sides in _side_candidates(tensors, ops):
+            found = _make_again(tensors, ops, p, q, sides)
+            if found is None:
+                continue
+            clones, new_ops = found
+            if spent + ops[p].macs > budget:
+                continue
+            arena = planned_arena(tensors + clones, new_ops, io, strategy, gap)
+            if arena + OP_BYTES < best:   # one op more: any gain over its record (a few ops, no chain)
+                best, spent, ops = arena, spent + ops[p].macs, new_ops
+                tensors.extend(clones)
+                moved += [tensors[t].name for t in sides]
+                break
+        else:
+            return ops, moved
+
+
+def _readers(ops):
+    """tensor -> the ops that read it (an input slot), in order"""
+    out = {}
+    for k, o in enumerate(ops):
+        for slot, t in zip(o.spec.slots, o.slots):
+            if t is not None and slot.role == "in":
+                out.setdefault(t, []).append(k)
+    return out
+
+
+def _side_candidates(tensors, ops):
+    """(p, q, sides): a replayed op p (TRAIN, writing replay copies) and its outputs that no op right
+    after it reads (nor any view), read first at op q."""
+    readers = _readers(ops)
+    views = {t.view_of for t in tensors if t.view_of is not None}
+    for p, o in enumerate(ops):
+        if o.phase != "TRAIN":
+            continue
+        outs = [t for slot, t in zip(o.spec.slots, o.slots) if t is not None and slot.role == "out"]
+        if not outs or any(tensors[t].replay_of is None for t in outs):
+            continue
+        late = [t for t in outs if t not in views and tensors[t].view_of is None and readers.get(t)
+                and readers[t][0] > p + 1]
+        if late:
+            yield p, min(readers[t][0] for t in late), late
+
+
+def _alive_equal(tensors, ops, t, at, writes, roots):
+    """A tensor equal to t (t itself, or another replay copy of the forward tensor t copies) that
+    holds it at op `at`: written before `at`, its memory written by nothing else from then to `at`."""
+    origin = tensors[t].replay_of if tensors[t].replay_of is not None else t
+    best = None
+    for c, u in enumerate(tensors):
+        if c != origin and u.replay_of != origin:
+            continue
+        w = [k for k in range(at) if c in ops[k].slots and roots[c] in writes[k]]
+        if not w or any(roots[c] in writes[k] for k in range(w[-1] + 1, at)):
+            continue
+        if best is None or w[-1] > best[1]:
+            best = (c, w[-1])
+    return None if best is None else best[0]
+
+
+def _make_again(tensors, ops, p, q, sides):
+    """(new tensors, new ops) with op p run again just before op q, writing fresh copies of `sides`,
+    which the ops from q on read instead; None where an input it needs has no equal copy alive at q
+    or is written between p and q."""
+    o = ops[p]
+    roots = _roots(tensors)
+    writes = [{roots[t] for t in _writes(u)} for u in ops]
+    side_slots = {slot.name for slot, t in zip(o.spec.slots, o.slots) if t in sides}
+    only = ONLY_FOR.get(o.name, {})
+    slots = list(o.slots)
+    for i, (slot, t) in enumerate(zip(o.spec.slots, o.slots)):
+        if t is None or slot.role != "in":
+            continue
+        if slot.name in only and not side_slots & set(only[slot.name]):
+            continue   # read only for outputs nobody reads from the new op
+        if tensors[roots[t]].storage != "ARENA":
+            if any(roots[t] in writes[k] for k in range(p + 1, q)):
+                return None   # a parameter updated in between
+            continue
+        c = _alive_equal(tensors, ops, t, q, writes, roots)
+        if c is None:
+            return None
+        slots[i] = c
+    n, clones = len(tensors), []
+    new = {}
+    for i, (slot, t) in enumerate(zip(o.spec.slots, o.slots)):
+        if t is not None and slot.role == "out":
+            u = tensors[t]
+            clones.append(TTensor("%s@again%d" % (u.name.split("@replay")[0], n + len(clones)), u.shape, u.dtype,
+                                  onnx_shape=u.onnx_shape, quant=u.quant, replay_of=u.replay_of))
+            new[t] = n + len(clones) - 1
+            slots[i] = new[t]
+    again = replace(o, slots=slots, attrs=list(o.attrs))
+    after = [replace(u, slots=[new.get(t, t) if t in sides else t for t in u.slots]) for u in ops[q:]]
+    return clones, ops[:q] + [again] + after

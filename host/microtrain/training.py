@@ -37,6 +37,7 @@ class TTensor:
     offset: int = 0                 # in the arena or the state region, set by the memory plan
     data_offset: int = 0            # in the plan's data section, for constants and initial values
     quant: object = None            # ir.Quant of an integer tensor
+    replay_of: int | None = None    # a replay's copy: the index of the forward tensor it equals (recompute.py)
 
     @property
     def nbytes(self):

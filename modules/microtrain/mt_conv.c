@@ -1466,6 +1466,11 @@ void mt_conv_pw_grads(const float *d, const float *x, uint32_t n, uint32_t P, fl
     pw_grads(d, x, n, P, g);
 }
 
+void mt_conv_forward_range(const mt_conv_geom_t *g, const float *x, const int8_t *w, const float *wf,
+    const float *scales, const float *b, float *y, uint32_t c_lo, uint32_t c_hi) {
+    conv_forward_channels(g, conv_kind(g), x, w, wf, scales, b, NULL, NULL, y, c_lo, c_hi);
+}
+
 void mt_conv_forward_f32(const mt_conv_geom_t *g, const float *x, const float *w, const float *b, const float *acc,
     float *y) {
     conv_forward(g, conv_kind(g), x, w, b, acc, NULL, y);

@@ -169,6 +169,11 @@ int mt_conv_w8_weight_ok(const mt_ctx_t *ctx, const mt_tensor_t *w, uint32_t *sc
 /* y = b + conv(x, W') or acc + conv(x, W'), W' = float32(w) * scales[o], as CONV2D_W8 */
 void mt_conv_forward_w8(const mt_conv_geom_t *g, const float *x, const int8_t *w, const float *scales,
     const float *b, const float *acc, float *y);
+/* input channels [c_lo, c_hi) of a groups-1 conv only (x: those channels), on the int8 w with its
+ * scales or on the float wf: from c_lo = 0, y = b + their terms, else their terms summed on; the
+ * channel ranges in turn give the whole conv's sums bit for bit (CONV2D_DQ's loop) */
+void mt_conv_forward_range(const mt_conv_geom_t *g, const float *x, const int8_t *w, const float *wf,
+    const float *scales, const float *b, float *y, uint32_t c_lo, uint32_t c_hi);
 /* the same on a float weight, as CONV2D (CONV2D_ACC with acc) */
 void mt_conv_forward_f32(const mt_conv_geom_t *g, const float *x, const float *w, const float *b, const float *acc,
     float *y);

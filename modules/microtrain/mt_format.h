@@ -367,6 +367,12 @@
 #define MT_DEQUANTIZE_NATTRS 0
 #define MT_DEQUANTIZE_X 0
 #define MT_DEQUANTIZE_Y 1
+#define MT_OP_ADD_DQ 80
+#define MT_ADD_DQ_NSLOTS 3
+#define MT_ADD_DQ_NATTRS 0
+#define MT_ADD_DQ_A 0
+#define MT_ADD_DQ_Q 1
+#define MT_ADD_DQ_Y 2
 #define MT_OP_CONV2D_Q8 22
 #define MT_CONV2D_Q8_NSLOTS 6
 #define MT_CONV2D_Q8_NATTRS 11
@@ -529,6 +535,70 @@
 #define MT_PWDW_Q8_A_ACT_MAX 10
 #define MT_PWDW_Q8_A_ACT_MIN1 11
 #define MT_PWDW_Q8_A_ACT_MAX1 12
+#define MT_OP_PWDW_DQ_W8 78
+#define MT_PWDW_DQ_W8_NSLOTS 16
+#define MT_PWDW_DQ_W8_NATTRS 13
+#define MT_PWDW_DQ_W8_X 0
+#define MT_PWDW_DQ_W8_W1 1
+#define MT_PWDW_DQ_W8_B1 2
+#define MT_PWDW_DQ_W8_MULT1 3
+#define MT_PWDW_DQ_W8_SHIFT1 4
+#define MT_PWDW_DQ_W8_W 5
+#define MT_PWDW_DQ_W8_B 6
+#define MT_PWDW_DQ_W8_MULT 7
+#define MT_PWDW_DQ_W8_SHIFT 8
+#define MT_PWDW_DQ_W8_RING 9
+#define MT_PWDW_DQ_W8_ROW 10
+#define MT_PWDW_DQ_W8_W2 11
+#define MT_PWDW_DQ_W8_B2 12
+#define MT_PWDW_DQ_W8_XS 13
+#define MT_PWDW_DQ_W8_YROW 14
+#define MT_PWDW_DQ_W8_Y 15
+#define MT_PWDW_DQ_W8_A_STRIDE_H 0
+#define MT_PWDW_DQ_W8_A_STRIDE_W 1
+#define MT_PWDW_DQ_W8_A_PAD_T 2
+#define MT_PWDW_DQ_W8_A_PAD_L 3
+#define MT_PWDW_DQ_W8_A_PAD_B 4
+#define MT_PWDW_DQ_W8_A_PAD_R 5
+#define MT_PWDW_DQ_W8_A_DIL_H 6
+#define MT_PWDW_DQ_W8_A_DIL_W 7
+#define MT_PWDW_DQ_W8_A_GROUPS 8
+#define MT_PWDW_DQ_W8_A_ACT_MIN 9
+#define MT_PWDW_DQ_W8_A_ACT_MAX 10
+#define MT_PWDW_DQ_W8_A_ACT_MIN1 11
+#define MT_PWDW_DQ_W8_A_ACT_MAX1 12
+#define MT_OP_PWDW_DQ 79
+#define MT_PWDW_DQ_NSLOTS 16
+#define MT_PWDW_DQ_NATTRS 13
+#define MT_PWDW_DQ_X 0
+#define MT_PWDW_DQ_W1 1
+#define MT_PWDW_DQ_B1 2
+#define MT_PWDW_DQ_MULT1 3
+#define MT_PWDW_DQ_SHIFT1 4
+#define MT_PWDW_DQ_W 5
+#define MT_PWDW_DQ_B 6
+#define MT_PWDW_DQ_MULT 7
+#define MT_PWDW_DQ_SHIFT 8
+#define MT_PWDW_DQ_RING 9
+#define MT_PWDW_DQ_ROW 10
+#define MT_PWDW_DQ_W2 11
+#define MT_PWDW_DQ_B2 12
+#define MT_PWDW_DQ_XS 13
+#define MT_PWDW_DQ_YROW 14
+#define MT_PWDW_DQ_Y 15
+#define MT_PWDW_DQ_A_STRIDE_H 0
+#define MT_PWDW_DQ_A_STRIDE_W 1
+#define MT_PWDW_DQ_A_PAD_T 2
+#define MT_PWDW_DQ_A_PAD_L 3
+#define MT_PWDW_DQ_A_PAD_B 4
+#define MT_PWDW_DQ_A_PAD_R 5
+#define MT_PWDW_DQ_A_DIL_H 6
+#define MT_PWDW_DQ_A_DIL_W 7
+#define MT_PWDW_DQ_A_GROUPS 8
+#define MT_PWDW_DQ_A_ACT_MIN 9
+#define MT_PWDW_DQ_A_ACT_MAX 10
+#define MT_PWDW_DQ_A_ACT_MIN1 11
+#define MT_PWDW_DQ_A_ACT_MAX1 12
 #define MT_OP_GRAD_NORM2 40
 #define MT_GRAD_NORM2_NSLOTS 2
 #define MT_GRAD_NORM2_NATTRS 1
@@ -1038,7 +1108,7 @@
 #define MT_PWDW_W8_BWD_A_DIL_H 6
 #define MT_PWDW_W8_BWD_A_DIL_W 7
 #define MT_PWDW_W8_BWD_A_GROUPS 8
-#define MT_OP_MAX 77
+#define MT_OP_MAX 80
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
 #define MT_FOR_EACH_OP(X) \
@@ -1063,6 +1133,7 @@
     X(SGD) \
     X(QUANTIZE) \
     X(DEQUANTIZE) \
+    X(ADD_DQ) \
     X(CONV2D_Q8) \
     X(GEMM_Q8) \
     X(ADD_Q8) \
@@ -1074,6 +1145,8 @@
     X(GEMM_BWD_INPUT_Q8) \
     X(MAXPOOL_BWD_Q8) \
     X(PWDW_Q8) \
+    X(PWDW_DQ_W8) \
+    X(PWDW_DQ) \
     X(GRAD_NORM2) \
     X(GRAD_CLIP) \
     X(ACT) \
@@ -1214,6 +1287,9 @@
     {16, 24, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV_DW_PW_Q8_FROM_PIPE */ \
     {5, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_DQ_W8 */ \
     {5, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_DQ */ \
+    {16, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* PWDW_DQ_W8 */ \
+    {16, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* PWDW_DQ */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {2, 0, 255, 255}}, /* ADD_DQ */ \
 }
 
 /* error codes */

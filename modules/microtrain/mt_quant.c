@@ -1,7 +1,8 @@
 /* microtrain core: quantization records and the float/int8 boundary.
  *   QUANTIZE    y = clamp(round_half_even(x / scale) + zero_point)   (ONNX QuantizeLinear)
  *   DEQUANTIZE  y = (q - zero_point) * scale                          (ONNX DequantizeLinear)
- * These two are the only forward ops of an int8 plan that compute in float;
+ *   ADD_DQ      y = a + (q - zero_point) * scale                      (DEQUANTIZE, then ADD)
+ * These are the only forward ops of an int8 plan that compute in float;
  * IEEE-754 division and multiplication round the same on every FPU and in
  * soft float, so the bits agree everywhere.
  */
@@ -152,5 +153,46 @@ static int dequantize_run(mt_ctx_t *ctx, const void *rec) {
     return MT_OK;
 }
 
+/* ---- ADD_DQ: DEQUANTIZE then ADD, y = a + (q - zero_point) * scale, y a's memory or apart ---- */
+
+typedef struct {
+    boundary_rec_t q;   /* x: q, y: y */
+    uint32_t a;
+} add_dq_rec_t;
+
+static int add_dq_check(const mt_ctx_t *ctx, const mt_op_t *op) {
+    const mt_tensor_t *t = op->t;
+    return t[MT_ADD_DQ_A].n == t[MT_ADD_DQ_Q].n && t[MT_ADD_DQ_Y].n == t[MT_ADD_DQ_Q].n
+           && mt_q8_activation_ok(ctx, &t[MT_ADD_DQ_Q]) ? MT_OK : MT_E_SHAPE;
+}
+
+static uint32_t add_dq_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) {
+    add_dq_rec_t *r = rec;
+    if (r != NULL) {
+        mt_quant_t q;
+        mt_quant_of(ctx, &op->t[MT_ADD_DQ_Q], &q);
+        r->q.x = op->t[MT_ADD_DQ_Q].ref;
+        r->q.y = op->t[MT_ADD_DQ_Y].ref;
+        r->q.n = op->t[MT_ADD_DQ_Y].n;
+        r->q.zp = q.zero_point;
+        r->q.scale = q.scale;
+        r->a = op->t[MT_ADD_DQ_A].ref;
+    }
+    return sizeof(add_dq_rec_t);
+}
+
+static int add_dq_run(mt_ctx_t *ctx, const void *rec) {
+    const add_dq_rec_t *r = rec;
+    const int8_t *q = (const int8_t *)mt_ptr(ctx, r->q.x);
+    const float *a = MT_F32(ctx, r->a);
+    float *y = MT_F32(ctx, r->q.y);
+    for (uint32_t i = 0; i < r->q.n; i++) {
+        const float v = (float)((int32_t)q[i] - r->q.zp) * r->q.scale;   /* DEQUANTIZE's value, then ADD's sum */
+        y[i] = a[i] + v;
+    }
+    return MT_OK;
+}
+
+const mt_opdef_t mt_op_ADD_DQ = {add_dq_check, add_dq_prepare, add_dq_run};
 const mt_opdef_t mt_op_QUANTIZE = {quantize_check, boundary_prepare, quantize_run};
 const mt_opdef_t mt_op_DEQUANTIZE = {dequantize_check, boundary_prepare, dequantize_run};
