@@ -320,13 +320,13 @@ def _search(slots, items, ids, greedy):
     if top <= bound or len(ids) > SEARCH_MAX:
         return greedy
     rev = ids[::-1]
-    best, order = top, reverse_sort([slots[i] for i in rev], rev)[1]   # the greedy planner's order
+    best, order, offs = top, reverse_sort([slots[i] for i in rev], rev)[1], greedy   # the greedy planner's order
     for key in (lambda i: (-slots[i] * (items[i][2] - items[i][1] + 1), i),
                 lambda i: (-(items[i][2] - items[i][1]), -slots[i], i)):
         o = sorted(ids, key=key)
-        t, _ = _first_fit(slots, items, o)
+        t, f = _first_fit(slots, items, o)
         if t < best:
-            best, order = t, o
+            best, order, offs = t, o, f
     rng = random.Random(0)
     for _ in range(min(SEARCH_STEPS, SEARCH_WORK // len(ids) ** 2)):
         if best <= bound:
@@ -335,12 +335,10 @@ def _search(slots, items, ids, greedy):
         for _ in range(rng.randint(1, 4)):
             a, b = rng.randrange(len(o)), rng.randrange(len(o))
             o[a], o[b] = o[b], o[a]
-        t, _ = _first_fit(slots, items, o)
+        t, f = _first_fit(slots, items, o)
         if t <= best:
-            best, order = t, o
-    if best >= top:
-        return greedy
-    return _first_fit(slots, items, order)[1]
+            best, order, offs = t, o, f
+    return greedy if best >= top else offs   # the winner's offsets as first placed
 
 
 # --------------------------------------------------------------------------
