@@ -20,6 +20,8 @@ bytes (the whole plan, constants included: what a board keeps in flash), the op 
 also holds live_without_input_bytes: the most arena bytes alive at one op with the input image's
 not counted, what the arena could be at least if the image were not in it. With --momentum 0.9 the state column shows
 the momentum of channel-sparse weights held for their trained channels only.
+Last, how many rows are below MIT's measured peak (image copied, read in place), and for each
+row not below in place, by how much, or that MIT's own count of its trained weights is over.
 
 Trained weights are int8 by default (--trained-weights int8, compile(trained_weights="int8"):
 int8 codes with a float scale per output channel, updated with the float gradient and rounded,
@@ -154,12 +156,32 @@ def main():
                 kb(r["flash_bytes"]), r["host_step_ms"], r["mit_estimate_kb"], r["mit_peak_kb"],
                 r["bound_kb"], "!" if r["bound_kb"] > r["mit_peak_kb"] else " ", r["peak_op"], alive))
             sys.stdout.flush()
+    if rows:
+        print(summary(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "tte", "microtrain": microtrain.__version__, "calibration": args.calibration,
                        "results": rows}, f, indent=1)
             f.write("\n")
     return 0
+
+
+def summary(rows):
+    """How many rows are below MIT's measured peak, with the image copied and read in place, and
+    why each of the others is not (trained weights alone over the figure: no engine that keeps
+    them in RAM gets under it)."""
+    copied = sum(kb(r["peak_ram_bytes"]) < r["mit_peak_kb"] for r in rows)
+    in_place = sum(kb(r["in_place_peak_ram_bytes"]) < r["mit_peak_kb"] for r in rows)
+    lines = ["below MIT's measured peak: %d of %d with the image copied into RAM, %d of %d with it read in place"
+             % (copied, len(rows), in_place, len(rows))]
+    for r in rows:
+        if kb(r["in_place_peak_ram_bytes"]) >= r["mit_peak_kb"]:
+            why = ("its trained weights and biases alone (MIT's count, %.1f KB) are over %d KB"
+                   % (r["mit_trained_kb"], r["mit_peak_kb"]) if r["mit_trained_kb"] > r["mit_peak_kb"]
+                   else "over by %.1f KB" % (kb(r["in_place_peak_ram_bytes"]) - r["mit_peak_kb"]))
+            lines.append("  not below in place: %s %s, %.1f KB: %s" % (r["model"], r["scheme"],
+                                                                       kb(r["in_place_peak_ram_bytes"]), why))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import bench_models  # noqa: E402
 import plain_mlp  # noqa: E402
 import qemu_count  # noqa: E402
 import torch_eager  # noqa: E402
+import tte  # noqa: E402
 
 BOARD = "MPS2_AN500"
 
@@ -147,6 +148,20 @@ def _int8_case():
     import bench
     return bench.Case("cnn-int8", "small CNN 16x16 int8", "last-layer", bench_models.small_cnn(c_in=3), False,
                       dict(int8=8))
+
+
+def test_tte_summary_counts_rows_and_says_why_each_other_is_over():
+    """tte.py's last lines: rows under MIT's figure copied and in place; each row over in place
+    named, as unreachable where MIT's own count of its trained weights is over the figure."""
+    def row(scheme, copied_kb, in_place_kb, trained_kb, mit_kb=173):
+        return dict(model="m", scheme=scheme, peak_ram_bytes=copied_kb * 1024,
+                    in_place_peak_ram_bytes=in_place_kb * 1024, mit_trained_kb=trained_kb, mit_peak_kb=mit_kb)
+    text = tte.summary([row("a", 100, 90, 40), row("b", 180, 170, 100), row("c", 190, 180, 120),
+                        row("d", 400, 400, 300), row("e", 173, 173, 50)]).splitlines()
+    assert text[0].endswith("1 of 5 with the image copied into RAM, 2 of 5 with it read in place")
+    assert [t.split(": ")[1].split(",")[0] for t in text[1:]] == ["m c", "m d", "m e"]
+    assert "over by 7.0 KB" in text[1] and "over by 0.0 KB" in text[3]
+    assert "trained weights and biases alone (MIT's count, 300.0 KB) are over 173 KB" in text[2]
 
 
 def test_uint8_plan_gets_its_sample_as_bytes():
