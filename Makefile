@@ -15,10 +15,13 @@ SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test test-host venv native header clean distclean bench rp2040js boards-table serial-demo fuzz
+.PHONY: all demo test test-slow test-all test-host venv venv-firmware native header clean distclean bench rp2040js \
+	boards-table serial-demo fuzz
 
 all: native
 
+# the native modules' and CircuitPython's builds need requirements-firmware.txt (venv-firmware)
+MICROTRAIN_FIRMWARE_PY_DEPS := $(VENV)/.installed-firmware
 include firmware/micropython.mk
 
 $(STAMP): requirements.txt requirements-test.txt host/pyproject.toml host/setup.py
@@ -29,6 +32,14 @@ $(STAMP): requirements.txt requirements-test.txt host/pyproject.toml host/setup.
 	touch $@
 
 venv: $(STAMP)
+
+# what builds native modules and CircuitPython (MicroPython's mpy_ld.py, CircuitPython's
+# translations): installed by the firmware targets that need it, not by `make test`
+FIRMWARE_STAMP := $(MICROTRAIN_FIRMWARE_PY_DEPS)
+$(FIRMWARE_STAMP): requirements-firmware.txt $(STAMP)
+	$(PY) -m pip install -q -r requirements-firmware.txt
+	touch $@
+venv-firmware: $(FIRMWARE_STAMP)
 
 # the host runs the device's C core through cffi; rebuild it when the C changes
 $(NATIVE_STAMP): $(STAMP) $(CORE_FILES) host/microtrain/_build_native.py
@@ -66,17 +77,30 @@ serial-demo: native $(if $(filter pico,$(SERIAL_DEMO_BOARD)),firmware-rpi_pico r
 	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
 	    $(PY) -m microtrain pull --port $$PORT --onnx examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits_trained.onnx'
 
-test: native firmware rp2040js
-	MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs
+# The tests in tiers (README.md, Tests; the markers in tests/conftest.py). pytest-xdist runs
+# them on every core; a device target's scripts stay on one worker (one boot: xdist_group).
+# `make test`: the host suite, the unix port and MPS2_AN500 (one serial run), ten slowest listed.
+# `make test-slow`: the rest of the matrix (every device target, MIT's networks on the boards,
+# the serial faults). `make test-all` (what CI runs): both, then the host suite under the
+# sanitizers. PYTEST_ARGS adds pytest options, e.g. PYTEST_ARGS="-k serial".
+PYTEST := MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs -n auto --dist loadgroup
+test: native firmware-test
+	$(PYTEST) -m "not slow" --durations=10 $(PYTEST_ARGS)
 
-# The host suite alone (no firmware, no emulators): what `make test-host SANITIZE=1` runs under
-# AddressSanitizer and UBSan in CI (docs/reliability.md). Device tests start MicroPython, qemu
-# or node, which the preloaded sanitizer runtimes must not reach.
-DEVICE_TESTS := test_micropython.py test_romfs_qemu.py test_pico_romfs.py test_serial.py test_serial_example.py test_serial_faults.py test_stack.py
-DEVICE_TEST_CASES := tests/test_bench.py::test_two_qemu_runs_count_the_same tests/test_bench.py::test_uint8_plan_on_qemu_matches_the_host
+test-slow: native firmware rp2040js
+	$(PYTEST) -m slow --durations=10 $(PYTEST_ARGS)
+
+test-all:
+	+$(MAKE) test
+	+$(MAKE) test-slow
+	+$(MAKE) test-host SANITIZE=1
+	+$(MAKE) native
+
+# The host suite alone (no firmware, no emulators: not `device`): what `make test-host SANITIZE=1`
+# runs under AddressSanitizer and UBSan in CI (docs/reliability.md). Device tests start
+# MicroPython, qemu or node, which the preloaded sanitizer runtimes must not reach.
 test-host: native
-	$(SANITIZE_ENV) $(PY) -m pytest tests -q -rs $(addprefix --ignore=tests/,$(DEVICE_TESTS)) \
-	    $(addprefix --deselect=,$(DEVICE_TEST_CASES)) $(PYTEST_ARGS)
+	$(PYTEST) -m "not device" $(PYTEST_ARGS)
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
 # counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host
@@ -100,11 +124,11 @@ FUZZ_SECONDS ?= 60
 fuzz: native
 	$(PY) fuzz/run.py --seconds $(FUZZ_SECONDS)
 
-# rp2040js (npm, pinned by tests/rp2040js/package-lock.json) runs the Pico firmware in the tests
-RP2040JS_STAMP := tests/rp2040js/node_modules/.installed
-$(RP2040JS_STAMP): tests/rp2040js/package.json tests/rp2040js/package-lock.json
+# rp2040js (npm, pinned by tests/device/rp2040js/package-lock.json) runs the Pico firmware in the tests
+RP2040JS_STAMP := tests/device/rp2040js/node_modules/.installed
+$(RP2040JS_STAMP): tests/device/rp2040js/package.json tests/device/rp2040js/package-lock.json
 	@if command -v npm >/dev/null; then \
-	    cd tests/rp2040js && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	    cd tests/device/rp2040js && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
 	else echo "microtrain: no npm; the rp2040js device tests will not run (apt-get install nodejs npm)"; fi
 rp2040js: $(RP2040JS_STAMP)
 

@@ -67,14 +67,10 @@ def small_cnn(seed=0, hw=16, c1=8, c2=16, n_out=10, c_in=1):
 
 
 def tte_dir():
-    """MIT's networks: $MICROTRAIN_TTE, or shared/models/tte beside the checkout (CI's layout)
-    or beside the worktree folder (a helper's layout), or this machine's /work/shared (a clone
-    anywhere else, as the vendored sources are found). None if absent."""
-    for d in (os.environ.get("MICROTRAIN_TTE"), os.path.join(ROOT, "..", "shared", "models", "tte"),
-              os.path.join(ROOT, "..", "..", "shared", "models", "tte"), "/work/shared/models/tte"):
-        if d and os.path.isdir(d):
-            return os.path.abspath(d)
-    return None
+    """MIT's networks: $MICROTRAIN_TTE, else shared/models/tte beside the checkout or a folder
+    above it (microtrain/thirdparty.py). None if absent."""
+    from microtrain import thirdparty
+    return thirdparty.tte_dir()
 
 
 CALIBRATION = 32   # calibration images for the int8 plans (benchmarks/tte.py's default)

@@ -2,7 +2,7 @@
 
 Builds a ROMFS image of the plan, its inputs and labels (microtrain.romfs), boots the RPI_PICO
 firmware with a ROMFS partition (`make firmware-pico-romfs`: 1280 KB at 0x10080000) in rp2040js
-with the image written at the partition (tests/rp2040js/pico.py), opens the plan and the inputs
+with the image written at the partition (tests/device/rp2040js/pico.py), opens the plan and the inputs
 from /rom (read in place through XIP, not copied into the heap), runs N training steps and
 prints: plan bytes and ROMFS partition bytes; gc.mem_free() before and after Trainer(); ram_bytes
 from the plan; the heap in use after the steps (peak: a step allocates only its Python objects);
@@ -33,7 +33,7 @@ import numpy as np
 import microtrain
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "rp2040js"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "device", "rp2040js"))
 import pico  # noqa: E402
 sys.path.pop(0)
 

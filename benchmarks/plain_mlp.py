@@ -6,7 +6,7 @@ in lists.
 
 Cross-entropy loss and SGD with momentum as PyTorch defines it (v = mu*v + g;
 p -= lr*v). Runs unchanged on MicroPython and CPython; benchmarks/bench.py
-sends this file to the board, and tests/test_bench.py checks it against
+sends this file to the board, and tests/bench/test_bench.py checks it against
 PyTorch autograd on the host.
 """
 import math

@@ -21,8 +21,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
 sys.path.insert(0, os.path.join(ROOT, "host"))
+import mprun  # noqa: E402
 import mptargets  # noqa: E402
 from microtrain import boards  # noqa: E402
 
@@ -54,7 +55,7 @@ def image_size(b):
 
 
 def measure(target):
-    out = mptargets.run_script(target, MEASURE)
+    out = mprun.run_source(target, MEASURE)
     m = re.search(r"MT_HEAP (\d+) (\d+)", out)
     if not m:
         raise RuntimeError("%s printed no heap figures: %r" % (target.name, out))

@@ -10,8 +10,10 @@
 #
 # Sources come from vendored archives when there are some (they are checked against the
 # sha256 below), else from git (MicroPython's tag and its submodules; needs the network).
-# Vendored archives are looked for in $MICROTRAIN_VENDOR, then ../shared/vendor next to the
-# repository, then /work/shared/vendor. MICROPY_TARBALL names a MicroPython source tarball
+# Vendored archives are looked for in $MICROTRAIN_VENDOR, then in shared/vendor beside the
+# repository or beside a folder above it, then where they were found last (a link in
+# ~/.cache/microtrain/vendor, which a find updates; host/microtrain/thirdparty.py looks the
+# same way). MICROPY_TARBALL names a MicroPython source tarball
 # to use instead (a vendored `git archive`, or an official micropython-1.28.0.tar.xz, whose
 # top directory is stripped and which already holds the submodules).
 # Unpacking happens under a lock, into a temporary directory renamed into place, so that
@@ -61,14 +63,27 @@ PICOTOOL_ARCHIVE=picotool-282a3ca0.tar.gz
 say() { echo "microtrain: $*" >&2; }
 die() { say "$*"; exit 1; }
 
+has_vendor() { [ -n "$1" ] && [ -f "$1/micropython-v1.28.0.tar.gz" ]; }
 vendor_dir() {
-    local d
-    for d in "${MICROTRAIN_VENDOR:-}" "$ROOT/../shared/vendor" /work/shared/vendor; do
-        if [ -n "$d" ] && [ -f "$d/micropython-v1.28.0.tar.gz" ]; then
-            (cd "$d" && pwd)
+    local d up cache="$HOME/.cache/microtrain/vendor"
+    if [ -n "${MICROTRAIN_VENDOR:-}" ]; then
+        has_vendor "$MICROTRAIN_VENDOR" && (cd "$MICROTRAIN_VENDOR" && pwd)
+        return
+    fi
+    up=$ROOT
+    while [ "$up" != / ]; do
+        up=$(dirname "$up")
+        d=${up%/}/shared/vendor
+        if has_vendor "$d"; then
+            d=$(cd "$d" && pwd)
+            # remembered for a clone elsewhere on this machine, as thirdparty.py remembers it
+            mkdir -p "$(dirname "$cache")" 2>/dev/null && ln -sfn "$d" "$cache.$$" 2>/dev/null \
+                && mv -Tf "$cache.$$" "$cache" 2>/dev/null
+            echo "$d"
             return
         fi
     done
+    has_vendor "$cache" && (cd "$cache" && pwd -P)
 }
 VENDOR=$(vendor_dir)
 

@@ -7,6 +7,7 @@
 #     firmware-NAME            the same (e.g. firmware-rpi_pico)
 #     firmware                 (no BOARD) what the device tests run on: FIRMWARE_TEST_BOARDS,
 #                              the native modules NATMOD_TEST_ARCHS and CircuitPython's unix port
+#     firmware-test            what `make test` runs on: FIRMWARE_FAST_BOARDS (unix, MPS2_AN500)
 #     firmware-all             every board that builds here (FIRMWARE_ALL_BOARDS)
 #     natmod NATMOD_ARCH=ARCH  build/natmod/ARCH/_microtrain.mpy; `natmods`: every architecture
 #     firmware-circuitpython   build/firmware/circuitpython-unix/micropython (CircuitPython 10.2.1)
@@ -42,14 +43,17 @@ MICROTRAIN_USER_C_MODULES ?= $(MICROTRAIN_ROOT)/modules
 FETCH := $(MICROTRAIN_ROOT)/firmware/fetch-sources.sh
 
 FIRMWARE_TEST_BOARDS ?= unix mps2_an385 mps2_an386 mps2_an500 rpi_pico
+FIRMWARE_FAST_BOARDS ?= unix mps2_an500
 FIRMWARE_ALL_BOARDS ?= $(FIRMWARE_TEST_BOARDS) pybv11 nucleo_f746zg
 NATMOD_TEST_ARCHS ?= x64 armv7m armv7emsp armv7emdp armv6m
 NATMOD_ALL_ARCHS ?= $(NATMOD_TEST_ARCHS) xtensawin
 NATMOD_ARCH ?= x64
 
 # The Python that runs MicroPython's tools (mpy_ld.py needs pyelftools): the project's
-# venv when there is one (the top-level Makefile's PY).
+# venv when there is one (the top-level Makefile's PY), which MICROTRAIN_FIRMWARE_PY_DEPS
+# (the top-level Makefile's stamp of requirements-firmware.txt) equips.
 MICROTRAIN_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+MICROTRAIN_FIRMWARE_PY_DEPS ?=
 
 # Extra arguments for MicroPython's make (e.g. V=1 or COPT=-O0).
 FIRMWARE_MAKE_ARGS ?=
@@ -94,7 +98,7 @@ MICROTRAIN_VENDOR_FOUND := $(shell $(FETCH) vendor 2>/dev/null)
 BOARD ?=
 MT_BOARD_NAME = $(shell echo '$(BOARD)' | tr 'A-Z-' 'a-z_')
 
-MICROTRAIN_FW_TARGETS := firmware firmware-all firmware-check natmod natmods firmware-circuitpython \
+MICROTRAIN_FW_TARGETS := firmware firmware-test firmware-all firmware-check natmod natmods firmware-circuitpython \
 	$(addprefix firmware-,$(MT_BOARDS)) firmware-qemu firmware-natmod natmods-test \
 	firmware-pico-romfs
 
@@ -144,10 +148,14 @@ firmware: firmware-$(MT_BOARD_NAME)
 endif
 firmware-all: $(addprefix firmware-,$(FIRMWARE_ALL_BOARDS)) natmods firmware-circuitpython
 
-# The native-module device tests (tests/mptargets.py, *-natmod) carry the .mpy (base64, 60 to
-# 80 KB) and their data in each script's source, more than the 140 KB heap of the qemu boards'
-# firmware holds beside the compiled script; they run on the same boards' firmware built with
-# a 1 MB heap, in a tree of its own. (On a real board the .mpy is a file, not script source.)
+FIRMWARE_FAST_HERE := $(filter $(FIRMWARE_FAST_BOARDS),$(FIRMWARE_TEST_HERE))
+firmware-test: $(addprefix firmware-,$(FIRMWARE_FAST_HERE)) microtrain-v0-links
+	@$(foreach b,$(filter-out $(FIRMWARE_FAST_HERE),$(FIRMWARE_FAST_BOARDS)),echo "microtrain: skipping firmware $(b): no $(call mt_toolchain_missing,$(b)) (see firmware/README.md)";)
+
+# The native-module device tests (tests/support/mptargets.py, *-natmod) load the .mpy into the
+# heap (its code runs from RAM), beside which the 140 KB heap of the qemu boards' firmware does
+# not hold every test (train_kws on the Cortex-M3); they run on the same boards' firmware built
+# with a 1 MB heap, in a tree of its own.
 NATMOD_TEST_BOARDS ?= mps2_an385 mps2_an386 mps2_an500
 NATMOD_TEST_HEAP ?= 1048576
 NATMOD_FIRMWARE_BUILD ?= $(MICROTRAIN_BUILD)/firmware-natmod-tests
@@ -161,7 +169,7 @@ firmware-natmod-tests: $(addprefix firmware-,$(NATMOD_TEST_BOARDS))
 # RPI_PICO with a ROMFS partition (1280 KB at 0x10080000, filesystem shrunk to 256 KB): the
 # board definition firmware/rp2/RPI_PICO_ROMFS (BOARD_DIR) in a tree of its own,
 # build/firmware-pico-romfs/RPI_PICO_ROMFS/rpi_pico/firmware.uf2; firmware/pico_romfs.py checks
-# that the firmware ends below the partition. tests/test_pico_romfs.py and
+# that the firmware ends below the partition. tests/device/test_pico_romfs.py and
 # benchmarks/pico_romfs.py run it in rp2040js with a ROMFS image in the emulated flash.
 # PICO_ROMFS_BOARD=RP2040_4MB_ROMFS: the same on an RP2040 with 4 MB of flash (3328 KB of ROMFS).
 PICO_ROMFS_BOARD ?= RPI_PICO_ROMFS
@@ -176,7 +184,7 @@ firmware-pico-romfs: firmware-rpi_pico
 	python3 $(MICROTRAIN_ROOT)/firmware/pico_romfs.py --board $(PICO_ROMFS_BOARD) --check "$(PICO_ROMFS_BUILD)/rpi_pico/firmware.bin"
 .PHONY: firmware-pico-romfs
 # v0's paths (build/micropython-unix, build/micropython-qemu), which benchmarks and
-# tests/test_bench.py use, as links to the boards' build directories
+# tests/bench/test_bench.py use, as links to the boards' build directories
 microtrain-v0-links: $(addprefix firmware-,$(filter unix mps2_an500,$(FIRMWARE_TEST_HERE)))
 	@$(if $(filter unix,$(FIRMWARE_TEST_HERE)),$(call mt_link,firmware/unix,$(MICROTRAIN_BUILD)/micropython-unix))
 	@$(if $(filter mps2_an500,$(FIRMWARE_TEST_HERE)),$(call mt_link,firmware/mps2_an500,$(MICROTRAIN_BUILD)/micropython-qemu))
@@ -273,9 +281,10 @@ natmod-xtensawin-missing:
 	@echo "microtrain: no xtensa-esp32-elf-gcc (ESP-IDF's toolchain) here; skipping the xtensawin .mpy (firmware/README.md)"
 .PHONY: natmod-xtensawin-missing
 
-$(NATMOD_BUILD)/%/_microtrain.mpy: $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_ROOT)/firmware/natmod.mk $(wildcard $(MICROTRAIN_ROOT)/firmware/natmod/*)
+$(NATMOD_BUILD)/%/_microtrain.mpy: $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_ROOT)/firmware/natmod.mk $(wildcard $(MICROTRAIN_ROOT)/firmware/natmod/*) \
+		$(MICROTRAIN_FIRMWARE_PY_DEPS)
 	@$(MICROTRAIN_PYTHON) -c "import elftools" 2>/dev/null || { \
-	    echo "microtrain: the native module needs pyelftools for MicroPython's mpy_ld.py (make venv, or pip install pyelftools)"; exit 1; }
+	    echo "microtrain: the native module needs pyelftools for MicroPython's mpy_ld.py (make venv-firmware, or pip install -r requirements-firmware.txt)"; exit 1; }
 	@mkdir -p "$(@D)"
 	@echo 'include $(MICROTRAIN_ROOT)/firmware/natmod.mk' > "$(@D)/Makefile"
 	+$(MICROTRAIN_SUBMAKE) -C "$(@D)" MPY_DIR="$(MICROTRAIN_MPY_ABS)" ARCH="$*" PYTHON="$(MICROTRAIN_PYTHON)" $(FIRMWARE_MAKE_ARGS)

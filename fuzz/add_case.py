@@ -4,7 +4,7 @@
 
 copies FILE to tests/fuzz_cases/NAME.mtp and records in tests/fuzz_cases/cases.json
 what the host's core does with it now (refused with which MT_E_* error, or trains
-within its RAM), which tests/test_fuzz_regressions.py then asserts on every run.
+within its RAM), which tests/core/test_fuzz_regressions.py then asserts on every run.
 Add a case once the bug it found is fixed.
 """
 import json
@@ -14,7 +14,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path[:0] = [os.path.join(ROOT, "tests", "support"), os.path.join(ROOT, "tests", "core")]
 
 from microtrain import format as F  # noqa: E402
 from test_fuzz_regressions import CASES_DIR, outcome  # noqa: E402

@@ -18,8 +18,8 @@ from microtrain import format as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-import models  # noqa: E402  tests/models.py: the MLP and CNN the tests use
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+import models  # noqa: E402  tests/support/models.py: the MLP and CNN the tests use
 
 OPSET = 13
 

@@ -8,7 +8,7 @@ build/fuzz/fuzz_core from fuzz/*.c and modules/microtrain/mt_*.c with clang
 seconds on build/fuzz/corpus (kept between runs) and prints executions, time,
 coverage and findings. A finding is a file in build/fuzz/artifacts/; exit status
 1 then. Reproduce one with `build/fuzz/fuzz_core FILE`; once fixed, copy it into
-tests/fuzz_cases/ (see tests/test_fuzz_regressions.py).
+tests/fuzz_cases/ (see tests/core/test_fuzz_regressions.py).
 """
 import argparse
 import glob

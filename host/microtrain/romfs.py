@@ -86,7 +86,7 @@ UF2_PAYLOAD = 256               # the RP2040 boot ROM takes 256-byte, 256-aligne
 def to_uf2(data, address, family=RP2040_FAMILY):
     """`data` as a UF2 file that writes it to flash at `address` (a board's ROMFS partition,
     e.g. 0x10080000 for firmware/rp2/RPI_PICO_ROMFS): copied onto a Pico's BOOTSEL drive, or
-    loaded by tests/rp2040js/run.mjs after the firmware. The tail is padded with 0xFF, as
+    loaded by tests/device/rp2040js/run.mjs after the firmware. The tail is padded with 0xFF, as
     erased flash reads."""
     if address % UF2_PAYLOAD:
         raise ValueError("UF2 address 0x%x is not a multiple of %d" % (address, UF2_PAYLOAD))

@@ -2,7 +2,7 @@
  *
  * Our own, so the core links no libm: native .mpy modules cannot link one,
  * ports built with double floats (qemu MPS2_AN500) carry no float versions,
- * and every platform computes the same bits. Both are within 1 ulp (tests/test_core_math.py).
+ * and every platform computes the same bits. Both are within 1 ulp (tests/core/test_core_math.py).
  */
 #include <string.h>
 #include "mt.h"

@@ -11,7 +11,7 @@ QemuBoard   the qemu MPS2_AN500 firmware, its UART on a pty (`-serial pty`). Its
 UnixBoard   MicroPython's unix port on a pty of its own, in a directory that is its
             filesystem; a reset is a power cut (the process killed and started again).
 PicoBoard   the RPI_PICO firmware in rp2040js (npm), its USB CDC serial on a pty
-            (tests/rp2040js/pty_bridge.py): the path a real Pico's USB serial takes.
+            (tests/device/rp2040js/pty_bridge.py): the path a real Pico's USB serial takes.
             rp2040js does not emulate flash writes, so the board's filesystem is a RAM
             disk in its heap (microtrain.ramdisk over a bytearray), mounted through the
             raw REPL before the server starts; a reset or power cut loses it.
@@ -108,7 +108,7 @@ class _Emulated:
 
 
 class QemuBoard(_Emulated):
-    def __init__(self, firmware, flash=None, workdir=None, qemu="qemu-system-arm"):
+    def __init__(self, firmware, flash=None, workdir=None, qemu="qemu-system-arm", machine="mps2-an500"):
         if not os.path.exists(firmware):
             raise FileNotFoundError("no firmware at %s: build it with `make firmware-qemu`" % firmware)
         self.firmware = os.path.abspath(firmware)
@@ -116,6 +116,7 @@ class QemuBoard(_Emulated):
         self.workdir = workdir or tempfile.mkdtemp(prefix="mt-qemu-")
         self.flash = flash or os.path.join(self.workdir, "psram.img")
         self.qemu = qemu
+        self.machine = machine
         self.proc = None
         self.port = None
         self._mon = None
@@ -127,7 +128,7 @@ class QemuBoard(_Emulated):
             os.unlink(mon)
         log_path = os.path.join(self.workdir, "qemu.log")
         log = open(log_path, "wb")
-        cmd = [self.qemu, "-machine", "mps2-an500,memory-backend=psram",
+        cmd = [self.qemu, "-machine", self.machine + ",memory-backend=psram",
                "-object", "memory-backend-file,id=psram,size=%d,mem-path=%s,share=on" % (PSRAM_BYTES, self.flash),
                "-display", "none", "-monitor", "unix:%s,server=on,wait=off" % mon, "-semihosting",
                "-serial", "pty", "-kernel", self.firmware]
@@ -189,21 +190,23 @@ class QemuBoard(_Emulated):
 
 
 class PicoBoard(_Emulated):
-    """The RPI_PICO firmware in rp2040js (module docstring). bridge: tests/rp2040js/pty_bridge.py;
+    """The RPI_PICO firmware in rp2040js (module docstring). bridge: tests/device/rp2040js/pty_bridge.py;
     bootrom: the RP2040 boot ROM for rp2040js (rp2040-bootrom-B1.ts, firmware/README.md);
-    disk_bytes: the RAM disk the server keeps its plan and checkpoints on."""
+    disk_bytes: the RAM disk the server keeps its plan and checkpoints on (0: none); images:
+    further UF2 files written into the emulated flash after the firmware (a ROMFS partition's)."""
 
     # run in the raw REPL once the USB CDC is up: a littlefs RAM disk in a bytearray that the
     # module keeps alive, mounted at /
     MOUNT = ("import uctypes, microtrain.ramdisk as r\nr.DISK = bytearray(%d)\n"
              "r.mount('/', uctypes.addressof(r.DISK), %d)\n")
 
-    def __init__(self, firmware, bootrom, bridge, disk_bytes=64 * 1024):
+    def __init__(self, firmware, bootrom, bridge, disk_bytes=64 * 1024, images=()):
         for path, what in ((firmware, "firmware (make firmware-rpi_pico)"), (bootrom, "RP2040 boot ROM"),
-                           (bridge, "rp2040js bridge")):
+                           (bridge, "rp2040js bridge")) + tuple((i, "flash image") for i in images):
             if not os.path.exists(path):
                 raise FileNotFoundError("no %s at %s" % (what, path))
         self.firmware, self.bootrom, self.bridge = (os.path.abspath(p) for p in (firmware, bootrom, bridge))
+        self.images = [os.path.abspath(i) for i in images]
         self.disk_bytes = disk_bytes
         self.workdir = tempfile.mkdtemp(prefix="mt-pico-")
         self.proc = None
@@ -213,7 +216,7 @@ class PicoBoard(_Emulated):
         self.stop()
         log_path = os.path.join(self.workdir, "bridge.log")
         with open(log_path, "wb") as log:
-            self.proc = _spawn([sys.executable, self.bridge, self.firmware, self.bootrom],
+            self.proc = _spawn([sys.executable, self.bridge, self.firmware, self.bootrom] + self.images,
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while True:
@@ -229,7 +232,8 @@ class PicoBoard(_Emulated):
                                    % text.decode(errors="replace")[-500:])
             time.sleep(0.1)
         try:
-            self._mount_disk()
+            if self.disk_bytes:
+                self._mount_disk()
         except BaseException:
             self.power_cut()
             raise
@@ -438,17 +442,18 @@ class Proxy:
                 pass
 
 
-# the repository's rp2040js bridge and the vendored boot ROM (tests/rp2040js, firmware/README.md)
+# the repository's rp2040js bridge and the vendored boot ROM (tests/device/rp2040js, firmware/README.md)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-PICO_BRIDGE = os.path.join(REPO, "tests", "rp2040js", "pty_bridge.py")
+PICO_BRIDGE = os.path.join(REPO, "tests", "device", "rp2040js", "pty_bridge.py")
 
 
 def pico_bootrom():
     """The RP2040 boot ROM rp2040js runs, where firmware/fetch-sources.sh finds the vendored sources."""
-    for d in (os.environ.get("MICROTRAIN_VENDOR"), os.path.join(REPO, "..", "shared", "vendor"), "/work/shared/vendor"):
-        if d and os.path.isfile(os.path.join(d, "rp2040-bootrom-B1.ts")):
-            return os.path.join(d, "rp2040-bootrom-B1.ts")
-    raise FileNotFoundError("no rp2040-bootrom-B1.ts: set MICROTRAIN_VENDOR to the vendored sources (firmware/README.md)")
+    from microtrain import thirdparty
+    d = thirdparty.vendor_dir()
+    if d is None or not os.path.isfile(os.path.join(d, "rp2040-bootrom-B1.ts")):
+        raise FileNotFoundError("no rp2040-bootrom-B1.ts: set MICROTRAIN_VENDOR to the vendored sources (firmware/README.md)")
+    return os.path.join(d, "rp2040-bootrom-B1.ts")
 
 
 def main(argv=None):

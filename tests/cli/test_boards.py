@@ -1,0 +1,222 @@
+"""Board profiles (boards/*.json), `microtrain boards`, the --board check of compile and
+report, and `microtrain flash`'s choice of tool. What a Trainer really allocates against
+what the check counts is measured on every device target by tests/device/micropython/board_fit.py."""
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import onnx
+import pytest
+
+from microtrain import boards
+
+import models
+
+from repo import ROOT
+NATMOD_ARCHS = {"x64", "x86", "armv6m", "armv7m", "armv7emsp", "armv7emdp", "xtensa", "xtensawin", "rv32imc"}
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "microtrain"] + list(args), capture_output=True, text=True,
+                          cwd=ROOT, env=env)
+
+
+def model(tmp_path, name, **kw):
+    path = str(tmp_path / (name + ".onnx"))
+    onnx.save(models.mlp(**kw), path)
+    return path
+
+
+def kb(text):
+    """'12.3 KB' or '456 B' -> bytes (as boards._kb prints them)."""
+    m = re.fullmatch(r"(-?[\d.]+) (KB|B)", text)
+    return float(m.group(1)) * (1024 if m.group(2) == "KB" else 1)
+
+
+def test_profiles_are_complete_and_consistent():
+    bs = boards.all_boards()
+    for name in ("unix", "mps2_an385", "mps2_an386", "mps2_an500", "pybv11", "nucleo_f746zg", "rpi_pico",
+                 "rpi_pico2", "esp32_generic", "esp32_generic_s3"):
+        assert name in bs, name
+    for name, b in bs.items():
+        assert b["mpy_arch"] in NATMOD_ARCHS, name
+        assert b["build"] in ("make", "cmake") and b["word_bytes"] in (4, 8), name
+        assert (b["fpu"] == "none") == (b["mpy_arch"] in ("armv6m", "armv7m")), name
+        for u in b["usb"]:
+            assert re.fullmatch(r"0x[0-9A-F]{4}", u["vid"]) and re.fullmatch(r"0x[0-9A-F]{4}", u["pid"]), name
+        h = b["heap"]
+        assert h["how"], name
+        if b["status"] == "tested":   # runs here: its heap was measured here
+            assert h["measured"] and 0 < h["free_bytes"] <= h["total_bytes"], name
+        if b["sram_bytes"] and h.get("free_bytes"):
+            assert h["free_bytes"] < b["sram_bytes"], name
+        if b["board_dir"]:
+            assert os.path.isdir(os.path.join(ROOT, b["board_dir"])), name
+
+
+def test_make_variables_cover_every_profile():
+    """The Makefile's view of the profiles (boards.py --make, run by any python3)."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "host", "microtrain", "boards.py"), "--make"],
+                         capture_output=True, text=True, check=True).stdout
+    names = re.search(r"^MT_BOARDS := (.*)$", out, re.M).group(1).split()
+    assert names == list(boards.all_boards())
+    assert "MT_PORT_rpi_pico := rp2" in out and "MT_BUILD_rpi_pico := cmake" in out
+    assert "MT_BOARD_DIR_mps2_an386 := boards/qemu/MPS2_AN386" in out
+    # $(PORT_DIR) reaches the generated manifest, not make's own expansion
+    assert "MT_BASE_MANIFEST_pybv11 := $$(PORT_DIR)/boards/PYBV10/manifest.py" in out
+
+
+def test_boards_command_lists_every_board_with_its_budget():
+    r = cli("boards")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    for name, b in boards.all_boards().items():
+        row = next(line for line in lines if line.startswith(name + " "))
+        free = b["heap"]["free_bytes"]
+        if free:
+            assert boards._kb(free) in row, row
+        assert b["core"] in row and b["mpy_arch"] in row and b["status"] in row, row
+    j = cli("boards", "--json")
+    assert json.loads(j.stdout) == boards.all_boards()
+
+
+def test_compile_for_rpi_pico_fits(tmp_path):
+    onnx_path = model(tmp_path, "small", n_in=16, hidden=32, n_out=4)
+    out = str(tmp_path / "small.mtp")
+    r = cli("compile", onnx_path, "-o", out, "--update", "full", "--board", "rpi_pico")
+    assert r.returncode == 0, r.stderr
+    assert os.path.isfile(out)
+    line = next(line for line in r.stdout.splitlines() if "fits rpi_pico" in line)
+    assert "no FPU" in r.stdout   # the RP2040 computes in software
+    need = kb(re.search(r"needs (\S+ K?B) of heap", line).group(1))
+    rep = json.loads(cli("report", out, "--json").stdout)
+    assert need >= rep["ram_bytes"] + rep["plan_bytes"]
+
+
+def test_compile_for_rpi_pico_does_not_fit(tmp_path):
+    """256-256-10 with momentum and a batch: about 800 KB of parameters and optimizer state."""
+    onnx_path = model(tmp_path, "big", n_in=256, hidden=256, n_out=10)
+    out = str(tmp_path / "big.mtp")
+    r = cli("compile", onnx_path, "-o", out, "--update", "full", "--momentum", "0.9", "--batch", "4",
+            "--board", "RPI_PICO")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not os.path.exists(out)   # a plan that does not fit is not written
+    msg = r.stderr
+    assert "does not fit rpi_pico" in msg
+    m = re.search(r"needs (\S+ K?B) of heap.*the board has (\S+ K?B) free.*: (\S+ K?B) short", msg)
+    need, free, short = (kb(g) for g in m.groups())
+    assert free == pytest.approx(boards.load_board("rpi_pico")["heap"]["free_bytes"], abs=52)
+    assert short == pytest.approx(need - free, abs=103)
+    for remedy in ("--batch 1", "--momentum 0", "sparser --update", "ROMFS"):
+        assert remedy in msg, remedy
+    # last layer only: the first layer's 256 KB of weights are constants, read into RAM with the plan
+    r = cli("compile", onnx_path, "-o", out, "--update", "last-layer", "--board", "rpi_pico")
+    assert r.returncode == 2 and "does not fit rpi_pico" in r.stderr
+    for remedy in ("ROMFS", "int8"):
+        assert remedy in r.stderr, remedy
+    assert "sparser --update" not in r.stderr
+    # the same plan, written without --board, fails `report --board` the same way, and fits a bigger board
+    assert cli("compile", onnx_path, "-o", out, "--update", "full", "--momentum", "0.9", "--batch", "4").returncode == 0
+    r = cli("report", out, "--board", "rpi_pico")
+    assert r.returncode == 2 and "does not fit rpi_pico" in r.stderr
+    assert "fits unix" in cli("report", out, "--board", "unix").stdout
+
+
+def test_check_counts_what_each_remedy_saves(tmp_path):
+    """The savings the message names are the sizes of the tensors they remove."""
+    import microtrain
+    plan = microtrain.compile(models.mlp(n_in=256, hidden=512, n_out=10), update="full", momentum=0.9, batch=4)
+    r = plan.report()
+    with pytest.raises(boards.DoesNotFit) as e:
+        boards.check(r, boards.load_board("rpi_pico"))
+    n_params = sum(t["bytes"] for t in r["tensors"] if t["storage"] == "state"
+                   and not t["name"].startswith(("acc(", "mom(")))
+    assert "--batch 1 (drops the gradient accumulators) saves %s" % boards._kb(n_params) in str(e.value)
+    assert "--momentum 0 (drops the momentum buffers) saves %s" % boards._kb(n_params) in str(e.value)
+
+
+def test_unknown_board_is_named_with_the_known_ones(tmp_path):
+    r = cli("compile", model(tmp_path, "m"), "-o", str(tmp_path / "m.mtp"), "--board", "arduino_uno")
+    assert r.returncode == 2 and "unknown board 'arduino_uno'" in r.stderr and "rpi_pico" in r.stderr
+
+
+def fake_tool(tmp_path, name):
+    d = tmp_path / "bin"
+    d.mkdir(exist_ok=True)
+    p = d / name
+    p.write_text("#!/bin/sh\nexit 0\n")
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(d)
+
+
+def test_flash_says_what_is_missing_and_uses_the_family_tool(tmp_path):
+    image = tmp_path / "firmware.uf2"
+    image.write_bytes(b"\0" * 512)
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable))   # no picotool, esptool, dfu-util...
+    r = cli("flash", "--board", "rpi_pico", "--image", str(image), env=env)
+    assert r.returncode == 2 and "picotool" in r.stderr and "BOOTSEL" in r.stderr
+    r = cli("flash", "--board", "esp32_generic", "--image", str(image), "--port", "/dev/ttyUSB0", env=env)
+    assert r.returncode == 2 and "pip install esptool" in r.stderr
+    r = cli("flash", "--board", "pybv11", "--image", str(image), env=env)
+    assert r.returncode == 2 and "dfu-util" in r.stderr
+    assert "nothing to flash" in cli("flash", "--board", "mps2_an385", env=env).stderr
+    assert "make firmware BOARD=nucleo_f746zg" in cli("flash", "--board", "nucleo_f746zg", "--image",
+                                                      str(tmp_path / "none.hex"), env=env).stderr
+    env["PATH"] = fake_tool(tmp_path, "picotool") + os.pathsep + env["PATH"]
+    r = cli("flash", "--board", "rpi_pico", "--image", str(image), env=env)
+    assert r.returncode == 0 and "picotool load -x %s" % image in r.stdout
+
+
+class FakeBoard:
+    """What mpremote's mip asks of a board's filesystem, kept in a dict."""
+
+    def __init__(self):
+        self.files, self.dirs = {}, set()
+
+    def fs_exists(self, path):
+        return path in self.files or path in self.dirs
+
+    def fs_mkdir(self, path):
+        self.dirs.add(path)
+
+    def fs_writefile(self, path, data, progress_callback=None):
+        self.files[path] = data
+
+
+@pytest.mark.slow
+def test_mip_installs_the_native_module_with_the_device_package():
+    """mpremote's own mip code, on package.json and the one `make natmods` writes next to each .mpy."""
+    from mpremote import mip
+    mpy_json = os.path.join(ROOT, "build", "natmod", "x64", "package.json")
+    if not os.path.isfile(mpy_json):
+        if os.environ.get("CI") == "true":
+            pytest.fail("no %s: make natmods did not run" % mpy_json)
+        pytest.skip("no %s; run `make natmods`" % mpy_json)
+    board = FakeBoard()
+    mip._install_package(board, mpy_json, "https://micropython.org/pi/v2", "/lib", None, True)
+    with open(os.path.join(ROOT, "build", "natmod", "x64", "_microtrain.mpy"), "rb") as f:
+        assert board.files["/lib/_microtrain.mpy"] == f.read()
+    package = os.path.join(ROOT, "modules", "microtrain", "python", "microtrain")
+    for name in os.listdir(package):
+        if name.endswith(".py"):
+            with open(os.path.join(package, name), "rb") as f:
+                assert board.files["/lib/microtrain/" + name] == f.read(), "package.json lacks " + name
+
+
+def test_fit_boundary_is_exact():
+    """A board with exactly the heap the plan needs fits; one byte less does not, by 1 B."""
+    import copy
+    import microtrain
+    r = microtrain.compile(models.mlp(n_in=16, hidden=32, n_out=4), update="full").report()
+    board = copy.deepcopy(boards.load_board("rpi_pico"))
+    need = sum(boards.ram_needed(r, board).values())
+    assert need >= r["ram_bytes"] + r["plan_bytes"] + boards.TRAINER_OBJECT_BYTES[4]
+    board["heap"]["free_bytes"] = need
+    assert any("0 B to spare" in n for n in boards.check(r, board))
+    board["heap"]["free_bytes"] = need - 1
+    with pytest.raises(boards.DoesNotFit, match="1 B short"):
+        boards.check(r, board)
