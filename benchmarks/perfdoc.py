@@ -74,10 +74,12 @@ def int8_cost(results):
     q, f = m7.get((True, "last-layer")), m7.get((False, "last-layer"))
     if not (q and f):
         return []
-    return ["", "With the last layer trained, the int8 plan's step is %.1fx the float32 plan's instructions on the "
-            "Cortex-M7 (%.1f against %.1f instructions per MAC): the int8 plans' figures say what the int8 "
-            "kernels cost now, not what int8 can cost. `benchmarks/kernel_profile.py` splits a step by C "
-            "function." % (q["instr_per_step"] / f["instr_per_step"], q["instr_per_mac"], f["instr_per_mac"])]
+    return ["", "With the last layer trained, the int8 plan's step is %.2fx the float32 plan's instructions on the "
+            "Cortex-M7 (%.1f against %.1f instructions per MAC). The int8 convolutions run the SIMD kernels of "
+            "`modules/microtrain/mt_q8_kernels.c` on Cortex-M4/M7 (two 16-bit multiply-accumulates per "
+            "instruction), the same C without them elsewhere; `benchmarks/int8_kernels.py` counts them shape by "
+            "shape and `benchmarks/kernel_profile.py` splits a step by C function."
+            % (q["instr_per_step"] / f["instr_per_step"], q["instr_per_mac"], f["instr_per_mac"])]
 
 
 def key(e):

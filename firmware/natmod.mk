@@ -26,6 +26,9 @@ CFLAGS_EXTRA = -I$(MICROTRAIN_MOD_SRC) -fno-tree-loop-distribute-patterns
 
 include $(MPY_DIR)/py/dynruntime.mk
 
+# The int8 kernels at -O2, as in the firmware (modules/microtrain/micropython.mk says why).
+$(filter %/mt_q8_kernels.o,$(SRC_O)): CFLAGS += -O2
+
 # modmicrotrain.c is compiled through the glue's #include, not as a source of its own;
 # mpy_ld.py finds qstrs by reading the files its rule is given, so give it this one too.
 $(CONFIG_H): $(MICROTRAIN_MOD_SRC)/modmicrotrain.c

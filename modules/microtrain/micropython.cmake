@@ -26,6 +26,9 @@ endif()
 if(MICROTRAIN_CORE_SRC)
     set_source_files_properties(${MICROTRAIN_CORE_SRC} PROPERTIES
         COMPILE_OPTIONS "${MICROTRAIN_CORE_COMPILE_OPTIONS}")
+    # the int8 kernels at -O2 (micropython.mk says why)
+    set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/mt_q8_kernels.c PROPERTIES
+        COMPILE_OPTIONS "${MICROTRAIN_CORE_COMPILE_OPTIONS};-O2")
 endif()
 
 target_link_libraries(usermod INTERFACE usermod_microtrain)

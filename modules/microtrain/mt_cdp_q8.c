@@ -237,14 +237,29 @@ static void first_row(mt_ctx_t *ctx, const cdp_q8_rec_t *r, int32_t row, uint32_
     int8_t *slot = (int8_t *)mt_ptr(ctx, r->ring) + (size_t)((uint32_t)row % r->R) * (e1 - e0) * g->OW;
     const int32_t OW = (int32_t)g->OW, by = row * g->sh - g->pt;
     const size_t taps = (size_t)g->KH * g->KW;
+    if (taps == 1 && g->sw == 1 && g->pl == 0 && g->OW == g->W && by >= 0 && by < (int32_t)g->H) {   /* a 1x1 conv */
+        mt_q8_pw(x_row(r, x, 0, by), r->x_rows != 0 ? g->W : (size_t)g->H * g->W, g->C, r->x_zp,
+            w0 + (size_t)e0 * g->C, b0 != NULL ? b0 + e0 : NULL, mult0 + e0, shift0 + e0, e1 - e0, slot, (size_t)OW,
+            g->W, r->e_zp, r->lo0, r->hi0);
+        return;
+    }
     int32_t ky0, ky1;
     mt_window_range(by, g->dh, g->KH, (int32_t)g->H, &ky0, &ky1);
+    const int8_t *rows[MT_Q8_DW_ROWS], *wrows[MT_Q8_DW_ROWS];
     for (uint32_t e = e0; e < e1; e++) {
         const int8_t *we = w0 + (size_t)e * g->C * taps;
         const int32_t init = b0 != NULL ? b0[e] : 0;
         for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
             const int32_t n = mt_q8_chunk(acc, x0, OW, init);
             for (uint32_t c = 0; c < g->C; c++) {
+                if (ky1 - ky0 <= MT_Q8_DW_ROWS) {   /* each input channel's windows at once */
+                    for (int32_t k = 0; k < ky1 - ky0; k++) {
+                        rows[k] = x_row(r, x, c, by + (ky0 + k) * g->dh);
+                        wrows[k] = we + c * taps + (size_t)(ky0 + k) * g->KW;
+                    }
+                    mt_q8_win(rows, wrows, ky1 - ky0, g, r->x_zp, x0, x0 + n, acc);
+                    continue;
+                }
                 for (int32_t ky = ky0; ky < ky1; ky++) {
                     mt_q8_mac_taps(acc, x_row(r, x, c, by + ky * g->dh), we + c * taps + ky * g->KW, g, x0, n, r->x_zp);
                 }
@@ -308,19 +323,10 @@ static void cdp_rows(mt_ctx_t *ctx, const cdp_q8_rec_t *r, cdp_progress_t *p, in
             mt_q8_dw_ring_row(ring, r->R, g, oy, ky0, ky1, w1, b1, mult1, shift1, r->e_zp, r->d_zp, r->lo1, r->hi1,
                 drow, (size_t)OW, acc);
         }
-        for (uint32_t o = 0; o < r->O; o++) {   /* row oy of y: the 1x1 conv of that row */
-            const int8_t *wo = w + (size_t)o * E;
-            const int32_t init = b != NULL ? b[o] : 0;
-            int8_t *yrow = r->y_rows != 0 ? y + ((size_t)((uint32_t)oy % r->y_rows) * r->O + o) * OW
-                                          : y + ((size_t)o * g->OH + (uint32_t)oy) * OW;
-            for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
-                const int32_t n = mt_q8_chunk(acc, x0, OW, init);
-                for (uint32_t e = 0; e < E; e++) {
-                    mt_q8_mac_row(acc, drow + (size_t)e * OW + x0, 1, wo[e], r->d_zp, n);
-                }
-                mt_q8_store_row(yrow + x0, acc, n, mult[o], shift[o], r->y_zp, r->lo, r->hi);
-            }
-        }
+        /* row oy of y: the 1x1 conv of that row (into y whole, or its pipe) */
+        int8_t *yrow = r->y_rows != 0 ? y + (size_t)((uint32_t)oy % r->y_rows) * r->O * OW : y + (size_t)oy * OW;
+        mt_q8_pw(drow, (size_t)OW, E, r->d_zp, w, b, mult, shift, r->O, yrow,
+            r->y_rows != 0 ? (size_t)OW : (size_t)g->OH * OW, (uint32_t)OW, r->y_zp, r->lo, r->hi);
     }
     p->done = upto > p->done ? upto : p->done;
 }

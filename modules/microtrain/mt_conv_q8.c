@@ -60,7 +60,9 @@ static uint32_t conv_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *re
 }
 
 /* The int8 convolution of r; with scratch (CONV2D_Q8_DW_INPLACE: depthwise) each input plane is
- * copied there before its output plane is written, so y may be x itself. */
+ * copied there before its output plane is written, so y may be x itself. A 1x1 conv at stride 1
+ * without padding runs mt_q8_pw over the whole planes, a depthwise conv mt_q8_dw row by row; any
+ * other the row loop below (the same sums, in another order). */
 static void conv_q8_forward(mt_ctx_t *ctx, const conv_q8_rec_t *r, int8_t *scratch) {
     const mt_conv_geom_t *g = &r->g;
     const int8_t *x = (const int8_t *)mt_ptr(ctx, r->x), *w = (const int8_t *)mt_ptr(ctx, r->w);
@@ -70,7 +72,14 @@ static void conv_q8_forward(mt_ctx_t *ctx, const conv_q8_rec_t *r, int8_t *scrat
     const int32_t H = (int32_t)g->H, W = (int32_t)g->W, OW = (int32_t)g->OW, KH = g->KH, KW = g->KW;
     const int32_t sh = g->sh, dh = g->dh, pt = g->pt;
     const size_t plane = (size_t)g->H * g->W, taps = (size_t)KH * KW;
+    if (scratch == NULL && g->G == 1 && KH == 1 && KW == 1 && g->sh == 1 && g->sw == 1 && g->OH == g->H
+        && g->OW == g->W) {
+        mt_q8_pw(x, plane, g->C, r->x_zp, w, b, mult, shift, g->O, y, plane, (uint32_t)plane, r->y_zp, r->lo, r->hi);
+        return;
+    }
+    const int depthwise = g->Cg == 1 && g->Og == 1 && KH <= MT_Q8_DW_ROWS;
     int32_t acc[MT_Q8_ROW];
+    const int8_t *rows[MT_Q8_DW_ROWS], *wrows[MT_Q8_DW_ROWS];
     for (uint32_t o = 0; o < g->O; o++) {
         const int8_t *xg = x + (o / g->Og) * g->Cg * plane, *wo = w + (size_t)o * g->Cg * taps;
         if (scratch != NULL) {
@@ -82,10 +91,26 @@ static void conv_q8_forward(mt_ctx_t *ctx, const conv_q8_rec_t *r, int8_t *scrat
         for (int32_t oy = 0; oy < (int32_t)g->OH; oy++) {
             int32_t by = oy * sh - pt, ky0, ky1;
             mt_window_range(by, dh, KH, H, &ky0, &ky1);
+            if (depthwise) {
+                for (int32_t k = 0; k < ky1 - ky0; k++) {
+                    rows[k] = xg + (size_t)(by + (ky0 + k) * dh) * W;
+                    wrows[k] = wo + (ky0 + k) * KW;
+                }
+                mt_q8_dw(rows, wrows, ky1 - ky0, g, r->x_zp, init, m, s, r->y_zp, r->lo, r->hi, yo + (size_t)oy * OW);
+                continue;
+            }
             for (int32_t x0 = 0; x0 < OW; x0 += MT_Q8_ROW) {
                 const int32_t n = mt_q8_chunk(acc, x0, OW, init);
                 for (uint32_t c = 0; c < g->Cg; c++) {
                     const int8_t *wc = wo + c * taps;
+                    if (ky1 - ky0 <= MT_Q8_DW_ROWS) {   /* each input channel's windows at once */
+                        for (int32_t k = 0; k < ky1 - ky0; k++) {
+                            rows[k] = xg + c * plane + (size_t)(by + (ky0 + k) * dh) * W;
+                            wrows[k] = wc + (ky0 + k) * KW;
+                        }
+                        mt_q8_win(rows, wrows, ky1 - ky0, g, r->x_zp, x0, x0 + n, acc);
+                        continue;
+                    }
                     for (int32_t ky = ky0; ky < ky1; ky++) {
                         mt_q8_mac_taps(acc, xg + c * plane + (size_t)(by + ky * dh) * W, wc + ky * KW, g, x0, n,
                             r->x_zp);

@@ -109,27 +109,14 @@ static uint32_t pwdw_q8_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *re
     return sizeof(pwdw_q8_rec_t);
 }
 
-/* Row `row` of e, all E channels, into its ring slot: CONV2D_Q8 of a 1x1 kernel. */
-static void expand_row(mt_ctx_t *ctx, const pwdw_q8_rec_t *r, int32_t row, int32_t *acc) {
+/* Row `row` of e, all E channels, into its ring slot: CONV2D_Q8 of a 1x1 kernel (mt_q8_pw). */
+static void expand_row(mt_ctx_t *ctx, const pwdw_q8_rec_t *r, int32_t row) {
     const mt_conv_geom_t *g = &r->g;
     const int8_t *x = (const int8_t *)mt_ptr(ctx, r->x) + (size_t)row * g->W;
-    const int8_t *w1 = (const int8_t *)mt_ptr(ctx, r->w1);
-    const int32_t *b1 = (const int32_t *)mt_ptr(ctx, r->b1);
-    const int32_t *mult1 = (const int32_t *)mt_ptr(ctx, r->mult1), *shift1 = (const int32_t *)mt_ptr(ctx, r->shift1);
     int8_t *slot = (int8_t *)mt_ptr(ctx, r->ring) + (size_t)((uint32_t)row % r->R) * g->C * g->W;
-    const int32_t W = (int32_t)g->W;
-    const size_t plane = (size_t)g->H * g->W;
-    for (uint32_t e = 0; e < g->C; e++) {
-        const int8_t *we = w1 + (size_t)e * r->C;
-        const int32_t init = b1 != NULL ? b1[e] : 0;
-        for (int32_t x0 = 0; x0 < W; x0 += MT_Q8_ROW) {
-            const int32_t n = mt_q8_chunk(acc, x0, W, init);
-            for (uint32_t c = 0; c < r->C; c++) {
-                mt_q8_mac_row(acc, x + c * plane + x0, 1, we[c], r->x_zp, n);
-            }
-            mt_q8_store_row(slot + (size_t)e * W + x0, acc, n, mult1[e], shift1[e], r->e_zp, r->lo1, r->hi1);
-        }
-    }
+    mt_q8_pw(x, (size_t)g->H * g->W, r->C, r->x_zp, (const int8_t *)mt_ptr(ctx, r->w1),
+        (const int32_t *)mt_ptr(ctx, r->b1), (const int32_t *)mt_ptr(ctx, r->mult1),
+        (const int32_t *)mt_ptr(ctx, r->shift1), g->C, slot, g->W, g->W, r->e_zp, r->lo1, r->hi1);
 }
 
 /* Depthwise output row oy into yrow (channel c at yrow + c * stride), the rows of e it needs
@@ -142,7 +129,7 @@ static void pwdw_q8_row(mt_ctx_t *ctx, const pwdw_q8_rec_t *r, int32_t oy, int32
     if (ky0 < ky1) {   /* the window's rows of e into the ring (those it shares with the last are there) */
         int32_t row = by + ky0 * g->dh, end = by + (ky1 - 1) * g->dh + 1;
         for (row = row > *next ? row : *next; row < end; row++) {
-            expand_row(ctx, r, row, acc);
+            expand_row(ctx, r, row);
         }
         *next = *next > end ? *next : end;
     }

@@ -31,10 +31,23 @@ MT_INLINE int64_t mt_q8_floor_shift(int64_t t, int32_t s) {
     return t >= 0 ? t >> s : -((-t + (((int64_t)1 << s) - 1)) >> s);
 }
 
+/* >> of a negative int32/int64 is implementation-defined in C99; every compiler the core is built
+ * with shifts arithmetically, which the fast path of mt_q8_requant relies on: checked here. */
+typedef char mt_q8_arithmetic_shift[((-8 >> 1) == -4 && ((int64_t)-8 >> 1) == -4) ? 1 : -1];
+
 /* round(x * mult * 2^(shift - 31)), ties up, saturated to int32. shift is clamped
  * to its valid range, so constants changed after load give other numbers, never
- * undefined shifts. */
+ * undefined shifts. The usual case, a multiplier below 1/2 (shift < 0), needs the
+ * high word of the 64-bit product only: |x * mult| < 2^62, so nothing saturates. */
 MT_INLINE int32_t mt_q8_requant(int32_t x, int32_t mult, int32_t shift) {
+    if (shift < 0 && shift >= MT_Q8_SHIFT_MIN) {
+        /* 31 - shift = 32 + k: the product's high word, the half added to it (k >= 1) or, for
+         * k = 0, the carry the half (2^31) makes out of the low word, then >> k */
+        const int64_t p = (int64_t)x * mult;
+        const int32_t k = -1 - shift;
+        const int32_t hi = (int32_t)(p >> 32) + (k != 0 ? (int32_t)(1u << (k - 1)) : (int32_t)((uint32_t)p >> 31));
+        return hi >> k;
+    }
     shift = shift < MT_Q8_SHIFT_MIN ? MT_Q8_SHIFT_MIN : (shift > MT_Q8_SHIFT_MAX ? MT_Q8_SHIFT_MAX : shift);
     const int32_t total = 31 - shift;                      /* 1 .. 62 */
     int64_t t = mt_q8_floor_shift((int64_t)x * mult + ((int64_t)1 << (total - 1)), total);
@@ -112,6 +125,20 @@ MT_INLINE void mt_q8_store_row(int8_t *y, const int32_t *acc, int32_t n, int32_t
     }
 }
 
+#define MT_Q8_DW_ROWS 16   /* kernel rows mt_q8_dw takes at once (taller kernels: the row loops above) */
+
+/* The windows of outputs [ja, jb) of one output row over one input channel (mt_q8_kernels.c):
+ * the input rows they cover, rows[0..nrows) (each g->W values), with their kernel rows
+ * wrows[0..nrows) (each g->KW taps); g gives the row's geometry (W, OW, KW, sw, dw, pl). Each
+ * output's sum of w * (x - zp) is added to acc[j - ja]; taps outside a row add nothing. A
+ * depthwise conv's row is one call; any other conv's, one per input channel of the group. */
+void mt_q8_win(const int8_t *const *rows, const int8_t *const *wrows, int32_t nrows, const mt_conv_geom_t *g,
+    int32_t zp, int32_t ja, int32_t jb, int32_t *acc);
+/* One output row (g->OW values into y) of one channel of a depthwise convolution: mt_q8_win from
+ * the bias, requantized as CONV2D_Q8 does. nrows <= MT_Q8_DW_ROWS. */
+void mt_q8_dw(const int8_t *const *rows, const int8_t *const *wrows, int32_t nrows, const mt_conv_geom_t *g,
+    int32_t zp, int32_t bias, int32_t mult, int32_t shift, int32_t yzp, int32_t lo, int32_t hi, int8_t *y);
+
 /* A depthwise conv (geometry g, groups = channels) over a tensor held as a ring of R rows (row r
  * in slot r % R, each slot all channels x g->W): its output row oy, whose window spans rows
  * [ky0, ky1) of the kernel, for every channel o, written at out + o * ostride (the streamed ops,
@@ -119,8 +146,20 @@ MT_INLINE void mt_q8_store_row(int8_t *y, const int32_t *acc, int32_t n, int32_t
 MT_INLINE void mt_q8_dw_ring_row(const int8_t *ring, uint32_t R, const mt_conv_geom_t *g, int32_t oy, int32_t ky0,
     int32_t ky1, const int8_t *w, const int32_t *b, const int32_t *mult, const int32_t *shift, int32_t in_zp,
     int32_t out_zp, int32_t lo, int32_t hi, int8_t *out, size_t ostride, int32_t *acc) {
-    const int32_t OW = (int32_t)g->OW, by = oy * g->sh - g->pt;
+    const int32_t OW = (int32_t)g->OW, by = oy * g->sh - g->pt, nrows = ky1 - ky0;
     const size_t taps = (size_t)g->KH * g->KW, slot = (size_t)g->C * g->W;
+    if (nrows <= MT_Q8_DW_ROWS) {
+        const int8_t *rows[MT_Q8_DW_ROWS], *wrows[MT_Q8_DW_ROWS];
+        for (uint32_t o = 0; o < g->O; o++) {
+            for (int32_t k = 0; k < nrows; k++) {
+                rows[k] = ring + (size_t)((uint32_t)(by + (ky0 + k) * g->dh) % R) * slot + (size_t)o * g->W;
+                wrows[k] = w + o * taps + (size_t)(ky0 + k) * g->KW;
+            }
+            mt_q8_dw(rows, wrows, nrows, g, in_zp, b != NULL ? b[o] : 0, mult[o], shift[o], out_zp, lo, hi,
+                out + o * ostride);
+        }
+        return;
+    }
     for (uint32_t o = 0; o < g->O; o++) {
         const int8_t *wo = w + o * taps;
         const int32_t init = b != NULL ? b[o] : 0;
@@ -135,6 +174,15 @@ MT_INLINE void mt_q8_dw_ring_row(const int8_t *ring, uint32_t R, const mt_conv_g
         }
     }
 }
+
+/* ---- the int8 convolution kernels (mt_q8_kernels.c) ---- */
+
+/* A 1x1 convolution over n pixels: for o < O, j < n,
+ *   y[o*ys + j] = out(b[o] + sum_c w[o*C + c] * (x[c*xs + j] - xzp))
+ * requantized by mult[o], shift[o] to zero point yzp and clamped to [lo, hi] (b may be NULL). */
+void mt_q8_pw(const int8_t *x, size_t xs, uint32_t C, int32_t xzp, const int8_t *w, const int32_t *b,
+    const int32_t *mult, const int32_t *shift, uint32_t O, int8_t *y, size_t ys, uint32_t n, int32_t yzp, int32_t lo,
+    int32_t hi);
 
 /* ---- quantization records (mt_quant.c) ---- */
 

@@ -432,6 +432,64 @@ def data_int8():
 DATA["int8"] = data_int8
 
 
+def data_int8_kernels():
+    """Single-op int8 conv plans (tests/support/q8_cases.py) in the shapes the SIMD kernels of
+    Cortex-M4/M7 take (1x1 convs two pixels and two outputs at a time, depthwise 3x3/5x5/7x7 rows of
+    stride 1 and 2 in registers) and the edges they hand back to the portable C (odd counts, channels
+    past the column buffer, padding, dilation, shifts that the fast requantization does not take):
+    the host's output for each, which the numpy reference agrees with."""
+    import q8_cases as Q
+    rng = np.random.default_rng(27)
+    dw = lambda C, H, W, k, s=1, p=0, **kw: dict(C=C, H=H, W=W, O=kw.pop("O", C), k=(k, k), stride=(s, s),  # noqa: E731
+                                                 pads=(p,) * 4, groups=C, **kw)
+    convs = {
+        "pw 16->48 6x6": dict(C=16, H=6, W=6, O=48, k=(1, 1)),
+        "pw 24->7 5x5": dict(C=24, H=5, W=5, O=7, k=(1, 1)),
+        "pw 3->5 5x7": dict(C=3, H=5, W=7, O=5, k=(1, 1)),
+        "pw 8->1": dict(C=8, H=3, W=3, O=1, k=(1, 1)),
+        "pw 520->3 (past the column buffer)": dict(C=520, H=2, W=3, O=3, k=(1, 1)),
+        "pw left shifts": dict(C=8, H=4, W=4, O=6, k=(1, 1), shifts=(0, 30)),
+        "pw right shifts to -31": dict(C=8, H=4, W=4, O=6, k=(1, 1), shifts=(-31, -20)),
+        "pw relu6 clamp": dict(C=12, H=3, W=5, O=4, k=(1, 1), act_range=(-128, 20)),
+        "dw 3x3 s1 p1": dw(6, 8, 9, 3, 1, 1),
+        "dw 3x3 s2 p1": dw(5, 9, 11, 3, 2, 1),
+        "dw 3x3 s1 p0": dw(4, 6, 12, 3),
+        "dw 3x3 s2 p0": dw(4, 7, 13, 3, 2),
+        "dw 5x5 s1 p2": dw(3, 9, 13, 5, 1, 2),
+        "dw 5x5 s2 p2": dw(3, 11, 10, 5, 2, 2),
+        "dw 7x7 s1 p3": dw(3, 10, 15, 7, 1, 3),
+        "dw 7x7 s2 p3": dw(3, 12, 17, 7, 2, 3),
+        "dw 7x7 multiplier 2": dw(3, 10, 10, 7, 1, 3, O=6),
+        "dw 3x3 dilation 2": dw(3, 9, 9, 3, 1, 2, dil=(2, 2)),
+        "dw 3x3 wide row": dw(2, 3, 70, 3, 1, 1),
+        "dw 5x5 s2 wide row": dw(2, 5, 71, 5, 2, 2),
+        "dw 3x3 left shifts": dw(3, 5, 8, 3, 1, 1, shifts=(0, 30)),
+        "dw 3x3 right shifts to -31": dw(3, 5, 8, 3, 1, 1, shifts=(-31, -20)),
+        "dw 3x3 asymmetric": dict(C=3, H=7, W=9, O=3, k=(3, 3), stride=(1, 2), pads=(0, 1, 1, 0), groups=3),
+        "dw 1x5": dw(3, 1, 20, 1, 1, 0) | dict(k=(1, 5), pads=(0, 2, 0, 2)),
+        "stem 3x3 s2 p1": dict(C=3, H=16, W=16, O=8, k=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1)),
+        "5x5 s2 p2": dict(C=3, H=11, W=10, O=5, k=(5, 5), stride=(2, 2), pads=(2, 2, 2, 2)),
+        "3x3 valid": dict(C=2, H=6, W=6, O=3, k=(3, 3)),
+    }
+    made = {n: Q.conv_q8(rng, **c) for n, c in convs.items()}
+    for name, (k, s, p) in {"pwdw 3x3 same": (3, 1, 1), "pwdw 5x5 s2": (5, 2, 2), "pwdw 7x7 s1": (7, 1, 3)}.items():
+        made[name] = Q.pwdw_q8(rng, 8, 24, 9, 11, (k, k), (s, s), (p,) * 4)
+    for name, (k1, s1, p1) in {"cdp stem s2, dw 3x3": (3, 1, 1), "cdp stem s2, dw 5x5 s2": (5, 2, 2),
+                               "cdp stem s2, dw 7x7": (7, 1, 3)}.items():
+        made[name] = Q.cdp_q8(rng, 3, 16, 8, 20, 18, (3, 2, (1, 1, 1, 1)), (k1, s1, (p1,) * 4, 1))
+    made["cdp 1x1, dw 3x3 s2"] = Q.cdp_q8(rng, 8, 24, 8, 9, 13, (1, 1, (0,) * 4), (3, 2, (1,) * 4, 1))
+    cases = []
+    for name, (plan, (x,), (want,)) in made.items():
+        core = Core(plan.data)
+        out = core.predict(x)
+        assert np.array_equal(core.array(plan.tensor_index("y")).reshape(want.shape), want), name
+        cases.append((name, plan.data, x.tobytes(), f32(out)))
+    return dict(CASES=cases)
+
+
+DATA["int8_kernels"] = data_int8_kernels
+
+
 def sparse_block_plan(scheme, **options):
     """tests/sparse/test_sparse.py's CNN (ts13 export) compiled with a sparse-update scheme."""
     import tempfile

@@ -13,13 +13,11 @@ import torch.nn as nn
 
 import int8_models as M
 import microtrain
-import q8_reference as R
-from int8_plans import act, const, single_op_plan
+import q8_cases as Q
 from microtrain import format as F
-from microtrain.ir import Quant
 from microtrain.native import Core, PlanError
 from microtrain.peak import alive_at_peak
-from test_pwdw_q8 import _patched, _rand_i8, _rescale
+from test_pwdw_q8 import _patched
 
 CASES = {   # C, E, O, H, W, first conv (k, stride, pads t l b r), depthwise (k, stride, pads, dilation)
     "stem 3x3 s2, dw 3x3": (3, 8, 4, 12, 10, (3, 2, (1, 1, 1, 1)), (3, 1, (1, 1, 1, 1), 1)),
@@ -30,42 +28,13 @@ CASES = {   # C, E, O, H, W, first conv (k, stride, pads t l b r), depthwise (k,
 }
 
 
-def _extent(n, k, s, p0, p1, d=1):
-    return (n + p0 + p1 - d * (k - 1) - 1) // s + 1
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernel_matches_the_three_convs_for_any_parameters(case):
-    C, E, O, H, W, (k0, s0, p0), (k1, s1, p1, d1) = CASES[case]
+    C, E, O, H, W, first, dw = CASES[case]
     rng = np.random.default_rng(sorted(CASES).index(case))
-    H1, W1 = _extent(H, k0, s0, p0[0], p0[2]), _extent(W, k0, s0, p0[1], p0[3])
-    OH, OW = _extent(H1, k1, s1, p1[0], p1[2], d1), _extent(W1, k1, s1, p1[1], p1[3], d1)
-    a0 = dict(stride_h=s0, stride_w=s0, pad_t=p0[0], pad_l=p0[1], pad_b=p0[2], pad_r=p0[3], dil_h=1, dil_w=1, groups=1)
-    a1 = dict(stride_h=s1, stride_w=s1, pad_t=p1[0], pad_l=p1[1], pad_b=p1[2], pad_r=p1[3], dil_h=d1, dil_w=d1,
-              groups=E)
-    one = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=1)
     for bias in (True, False):
-        xzp, ezp, dzp, yzp = (int(v) for v in rng.integers(-128, 128, 4))
-        clamps = [tuple(sorted(int(v) for v in rng.integers(-128, 128, 2))) for _ in range(3)]
-        w0, w1, w = _rand_i8(rng, E, C, k0, k0), _rand_i8(rng, E, 1, k1, k1), _rand_i8(rng, O, E, 1, 1)
-        b0, b1, b = (rng.integers(-(1 << 14), 1 << 14, n).astype(np.int32) if bias else None for n in (E, E, O))
-        (m0, sh0), (m1, sh1), (m, sh) = _rescale(rng, E), _rescale(rng, E), _rescale(rng, O)
-        wq = lambda n: Quant(rng.uniform(0.001, 0.01, n), np.zeros(n), 0)   # noqa: E731
-        ring = act("ring", ((k1 - 1) * d1 + 1, E, W1), 0.1, ezp)
-        row = act("row", (E, OW), 0.1, dzp)
-        ins = [const("w0", w0, "I8", wq(E)), const("b0", b0, "I32") if bias else None, const("m0", m0, "I32"),
-               const("s0", sh0, "I32"), const("w1", w1, "I8", wq(E)), const("b1", b1, "I32") if bias else None,
-               const("m1", m1, "I32"), const("s1", sh1, "I32"), const("w", w, "I8", wq(O)),
-               const("b", b, "I32") if bias else None, const("m", m, "I32"), const("s", sh, "I32"), ring, row]
-        attrs = ([a0[k] for k in F.CONV_ATTRS] + [a1[k] for k in F.CONV_ATTRS[:-1]]
-                 + [clamps[0][0], clamps[0][1], clamps[1][0], clamps[1][1], clamps[2][0], clamps[2][1]])
-        plan = single_op_plan("CONV_DW_PW_Q8", act("x", (1, C, H, W), 0.05, xzp), ins,
-                              act("y", (1, O, OH, OW), 0.1, yzp), attrs)
-        for _ in range(2):
-            x = _rand_i8(rng, 1, C, H, W)
-            e = R.conv(x, w0, b0, m0, sh0, xzp, ezp, a0, clamps[0], (1, E, H1, W1))
-            d = R.conv(e, w1, b1, m1, sh1, ezp, dzp, a1, clamps[1], (1, E, OH, OW))
-            want = R.conv(d, w, b, m, sh, dzp, yzp, one, clamps[2], (1, O, OH, OW))
+        plan, xs, wants = Q.cdp_q8(rng, C, E, O, H, W, first, dw, bias, samples=2)
+        for x, want in zip(xs, wants):
             core = Core(plan.data)
             core.predict(x)
             got = core.array(plan.tensor_index("y")).reshape(want.shape)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+import q8_cases as Q
 import q8_reference as R
 from int8_plans import act, const, single_op_plan
 from microtrain import format as F
@@ -26,40 +27,16 @@ def run(plan, x):
 
 
 def rand_i8(*shape):
-    return rng.integers(-128, 128, size=shape).astype(np.int8)
+    return Q.rand_i8(rng, *shape)
 
 
 def rescale(n, shifts=(-12, 2)):
-    """Random Q31 multipliers and shifts, with the extremes among them."""
-    mult = rng.integers(1 << 30, (1 << 31) - 1, size=n, endpoint=True).astype(np.int32)
-    shift = rng.integers(shifts[0], shifts[1], size=n, endpoint=True).astype(np.int32)
-    mult[:1] = (1 << 31) - 1
-    mult[1:2] = 1 << 30
-    return mult, shift
+    return Q.rescale(rng, n, shifts)
 
 
-def conv_case(C, H, W, O, k, stride=(1, 1), pads=(0, 0, 0, 0), dil=(1, 1), groups=1, bias=True, act_range=None,
-              shifts=(-12, 2)):
-    kh, kw = k
-    oh = (H + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (W + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
-    xzp, yzp = int(rng.integers(-128, 128)), int(rng.integers(-128, 128))
-    x = act("x", (1, C, H, W), 0.05, xzp)
-    w = rand_i8(O, C // groups, kh, kw)
-    w[w == -128] = -127
-    wt = const("w", w, "I8", Quant(rng.uniform(0.001, 0.01, O), np.zeros(O), 0))
-    bt = const("b", rng.integers(-(1 << 16), 1 << 16, O).astype(np.int32), "I32") if bias else None
-    mult, shift = rescale(O, shifts)
-    lo, hi = act_range or (-128, 127)
-    attrs = dict(stride_h=stride[0], stride_w=stride[1], pad_t=pads[0], pad_l=pads[1], pad_b=pads[2],
-                 pad_r=pads[3], dil_h=dil[0], dil_w=dil[1], groups=groups)
-    y = act("y", (1, O, oh, ow), 0.1, yzp)
-    plan = single_op_plan("CONV2D_Q8", x, [wt, bt, const("mult", mult, "I32"), const("shift", shift, "I32")], y,
-                          [attrs[k] for k in F.CONV_ATTRS] + [lo, hi])
-    xs = rand_i8(1, C, H, W)
-    got, _ = run(plan, xs)
-    want = R.conv(xs, w, bt.data if bias else None, mult, shift, xzp, yzp, attrs, (lo, hi), (1, O, oh, ow))
-    return got, want
+def conv_case(**case):
+    plan, (x,), (want,) = Q.conv_q8(rng, **case)
+    return run(plan, x)[0], want
 
 
 CONV_CASES = {

@@ -17,9 +17,7 @@ import torch
 
 import int8_models as M
 import microtrain
-import q8_reference as R
-from int8_plans import act, const, single_op_plan
-from microtrain.ir import Quant
+import q8_cases as Q
 from microtrain import format as F
 from microtrain.native import Core, PlanError
 from microtrain.onnx_import import import_onnx
@@ -64,44 +62,15 @@ KERNEL_CASES = {   # C, E, H, W, depthwise k, stride, pads (t, l, b, r), dilatio
 }
 
 
-def _rand_i8(rng, *shape):
-    return rng.integers(-127, 128, size=shape).astype(np.int8)
-
-
-def _rescale(rng, n):
-    return (rng.integers(1 << 30, (1 << 31) - 1, n, endpoint=True).astype(np.int32),
-            rng.integers(-12, 0, n, endpoint=True).astype(np.int32))
-
-
 @pytest.mark.parametrize("case", sorted(KERNEL_CASES))
 def test_kernel_matches_the_two_convs_for_any_parameters(case):
-    """A single-op PWDW_Q8 plan (tests/support/int8_plans.py) with random zero points, clamps, multipliers
+    """A single-op PWDW_Q8 plan (tests/support/q8_cases.py) with random zero points, clamps, multipliers
     and biases (present or not), against the numpy reference of the two CONV2D_Q8 ops."""
-    C, E, H, W, (kh, kw), (sh, sw), pads, (dh, dw) = KERNEL_CASES[case]
+    C, E, H, W, k, stride, pads, dil = KERNEL_CASES[case]
     rng = np.random.default_rng(sorted(KERNEL_CASES).index(case))
-    oh = (H + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
-    ow = (W + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
     for bias in (True, False):
-        xzp, ezp, yzp = (int(v) for v in rng.integers(-128, 128, 3))
-        lo1, hi1 = sorted(int(v) for v in rng.integers(-128, 128, 2))
-        lo, hi = sorted(int(v) for v in rng.integers(-128, 128, 2))
-        w1, w = _rand_i8(rng, E, C, 1, 1), _rand_i8(rng, E, 1, kh, kw)
-        b1, b = (rng.integers(-(1 << 14), 1 << 14, E).astype(np.int32) if bias else None for _ in range(2))
-        (m1, s1), (m, s) = _rescale(rng, E), _rescale(rng, E)
-        wq = lambda: Quant(rng.uniform(0.001, 0.01, E), np.zeros(E), 0)   # noqa: E731
-        attrs = dict(stride_h=sh, stride_w=sw, pad_t=pads[0], pad_l=pads[1], pad_b=pads[2], pad_r=pads[3],
-                     dil_h=dh, dil_w=dw, groups=E)
-        ring = act("ring", ((kh - 1) * dh + 1, E, W), 0.1, ezp)
-        ins = [const("w1", w1, "I8", wq()), const("b1", b1, "I32") if bias else None, const("m1", m1, "I32"),
-               const("s1", s1, "I32"), const("w", w, "I8", wq()), const("b", b, "I32") if bias else None,
-               const("m", m, "I32"), const("s", s, "I32"), ring]
-        plan = single_op_plan("PWDW_Q8", act("x", (1, C, H, W), 0.05, xzp), ins, act("y", (1, E, oh, ow), 0.1, yzp),
-                              [attrs[k] for k in F.CONV_ATTRS] + [lo, hi, lo1, hi1])
-        one = dict(stride_h=1, stride_w=1, pad_t=0, pad_l=0, pad_b=0, pad_r=0, dil_h=1, dil_w=1, groups=1)
-        for _ in range(2):
-            x = _rand_i8(rng, 1, C, H, W)
-            e = R.conv(x, w1, b1, m1, s1, xzp, ezp, one, (lo1, hi1), (1, E, H, W))
-            want = R.conv(e, w, b, m, s, ezp, yzp, attrs, (lo, hi), (1, E, oh, ow))
+        plan, xs, wants = Q.pwdw_q8(rng, C, E, H, W, k, stride, pads, dil, bias, samples=2)
+        for x, want in zip(xs, wants):
             core = Core(plan.data)
             core.predict(x)
             got = core.array(plan.tensor_index("y")).reshape(want.shape)
