@@ -64,10 +64,12 @@ demo: native
 # The on-board workflow of README.md ("On a board, over serial") against the emulated
 # board: the qemu MPS2_AN500 firmware on a pseudo-terminal, as a USB serial port would be.
 SERIAL_DEMO := build/serial-demo
-# SERIAL_DEMO_BOARD=pico: the RPI_PICO firmware in rp2040js over its USB CDC instead of qemu's UART
+# SERIAL_DEMO_BOARD=pico: the RPI_PICO firmware in rp2040js over its USB CDC instead of qemu's UART;
+# SERIAL_DEMO_BOARD=virt: the VIRT_RV32 firmware (32-bit RISC-V) in qemu-system-riscv32
 SERIAL_DEMO_BOARD ?= qemu
-SERIAL_DEMO_FIRMWARE = $(if $(filter pico,$(SERIAL_DEMO_BOARD)),$(FIRMWARE_BUILD)/rpi_pico/firmware.uf2,$(FIRMWARE_BUILD)/mps2_an500/firmware.elf)
-serial-demo: native $(if $(filter pico,$(SERIAL_DEMO_BOARD)),firmware-rpi_pico rp2040js,firmware-mps2_an500)
+SERIAL_DEMO_PROFILE = $(or $(filter rpi_pico virt_rv32,$(SERIAL_DEMO_BOARD:pico=rpi_pico) $(SERIAL_DEMO_BOARD:virt=virt_rv32)),mps2_an500)
+SERIAL_DEMO_FIRMWARE = $(FIRMWARE_BUILD)/$(SERIAL_DEMO_PROFILE)/$(if $(filter rpi_pico,$(SERIAL_DEMO_PROFILE)),firmware.uf2,firmware.elf)
+serial-demo: native firmware-$(SERIAL_DEMO_PROFILE) $(if $(filter pico,$(SERIAL_DEMO_BOARD)),rp2040js)
 	@mkdir -p $(SERIAL_DEMO)
 	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
 	$(PY) -m microtrain.device.emulated $(SERIAL_DEMO_BOARD) $(SERIAL_DEMO_FIRMWARE) -- sh -c '\
