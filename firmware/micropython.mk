@@ -354,10 +354,10 @@ dist: $(foreach a,$(DIST_ARCHS),$(NATMOD_BUILD)/$(a)/_microtrain.mpy) $(MICROTRA
 
 $(NATMOD_BUILD)/%/_microtrain.mpy: $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_ROOT)/firmware/natmod.mk $(wildcard $(MICROTRAIN_ROOT)/firmware/natmod/*) \
 		$(MICROTRAIN_FIRMWARE_PY_DEPS)
-	@$(MICROTRAIN_PYTHON) -c "import elftools" 2>/dev/null || { \
-	    echo "microtrain: the native module needs pyelftools for MicroPython's mpy_ld.py (make venv-firmware, or pip install -r requirements-firmware.txt)"; exit 1; }
 	@$(if $(call mt_natmod_cc,$*),,echo "microtrain: no native-module architecture '$*'; the architectures: $(NATMOD_ALL_ARCHS)" >&2; exit 2)
 	@$(if $(call mt_natmod_have,$*),,echo "microtrain: the $* .mpy needs $(call mt_natmod_cc,$*), which is not on PATH; get it from $(MT_NATMOD_WHERE_$(call mt_natmod_cc,$*))" >&2; exit 2)
+	@$(MICROTRAIN_PYTHON) -c "import elftools" 2>/dev/null || { \
+	    echo "microtrain: the native module needs pyelftools for MicroPython's mpy_ld.py (make venv-firmware, or pip install -r requirements-firmware.txt)"; exit 1; }
 	@mkdir -p "$(@D)"
 	@echo 'include $(MICROTRAIN_ROOT)/firmware/natmod.mk' > "$(@D)/Makefile"
 	+$(MICROTRAIN_SUBMAKE) -C "$(@D)" MPY_DIR="$(MICROTRAIN_MPY_ABS)" ARCH="$*" PYTHON="$(MICROTRAIN_PYTHON)" $(FIRMWARE_MAKE_ARGS)
