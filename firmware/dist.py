@@ -5,7 +5,7 @@ reads. One index per architecture, in micropython-lib's layout:
     build/dist/mip/
       index.json                                     what is here: architecture, boards, .mpy size
       <arch>/package/6/microtrain/latest.json        the package for MicroPython's .mpy version 6
-      <arch>/package/6/microtrain/<version>.json     (v1.22 and later): helpers compiled by mpy-cross
+      <arch>/package/6/microtrain/<version>.json     (v1.19 and later): helpers compiled by mpy-cross
       <arch>/package/py/microtrain/latest.json       the same with the helpers as .py (--no-mpy)
       <arch>/package/py/microtrain/<version>.json
       <arch>/file/<h[:2]>/<h>                        every file once, named by its sha256's first 8 hex digits
@@ -37,7 +37,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "modules", "microtrain", "python", "microtrain")
 NAME = "microtrain"
-MPY_VERSION = 6          # the .mpy major version of MicroPython v1.22 to v1.28 (py/persistentcode.h)
+MPY_VERSION = 6          # the .mpy major version of MicroPython v1.19 to v1.28 (py/persistentcode.h)
 SHORT_HASH = 8           # micropython-lib's index names files by this many hex digits of their sha256
 
 
@@ -139,7 +139,7 @@ def main():
         with open(path, "rb") as f:
             mpys[arch] = f.read()
         if mpys[arch][:2] != b"M" + bytes([MPY_VERSION]):
-            fail("%s is not a version %d .mpy (MicroPython v1.22 to v1.28)" % (path, MPY_VERSION))
+            fail("%s is not a version %d .mpy (MicroPython v1.19 to v1.28)" % (path, MPY_VERSION))
     ver = version()
     helper_files = {str(MPY_VERSION): helpers(args.mpy_cross, True), "py": helpers(args.mpy_cross, False)}
     if os.path.isdir(args.out):
