@@ -64,10 +64,12 @@ demo: native
 # The on-board workflow of README.md ("On a board, over serial") against the emulated
 # board: the qemu MPS2_AN500 firmware on a pseudo-terminal, as a USB serial port would be.
 SERIAL_DEMO := build/serial-demo
-# SERIAL_DEMO_BOARD=pico: the RPI_PICO firmware in rp2040js over its USB CDC instead of qemu's UART
+# SERIAL_DEMO_BOARD=pico: the RPI_PICO firmware in rp2040js over its USB CDC instead of qemu's UART;
+# SERIAL_DEMO_BOARD=virt: the VIRT_RV32 firmware (32-bit RISC-V) in qemu-system-riscv32
 SERIAL_DEMO_BOARD ?= qemu
-SERIAL_DEMO_FIRMWARE = $(if $(filter pico,$(SERIAL_DEMO_BOARD)),$(FIRMWARE_BUILD)/rpi_pico/firmware.uf2,$(FIRMWARE_BUILD)/mps2_an500/firmware.elf)
-serial-demo: native $(if $(filter pico,$(SERIAL_DEMO_BOARD)),firmware-rpi_pico rp2040js,firmware-mps2_an500)
+SERIAL_DEMO_PROFILE = $(or $(filter rpi_pico virt_rv32,$(SERIAL_DEMO_BOARD:pico=rpi_pico) $(SERIAL_DEMO_BOARD:virt=virt_rv32)),mps2_an500)
+SERIAL_DEMO_FIRMWARE = $(FIRMWARE_BUILD)/$(SERIAL_DEMO_PROFILE)/$(if $(filter rpi_pico,$(SERIAL_DEMO_PROFILE)),firmware.uf2,firmware.elf)
+serial-demo: native firmware-$(SERIAL_DEMO_PROFILE) $(if $(filter pico,$(SERIAL_DEMO_BOARD)),rp2040js)
 	@mkdir -p $(SERIAL_DEMO)
 	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
 	$(PY) -m microtrain.device.emulated $(SERIAL_DEMO_BOARD) $(SERIAL_DEMO_FIRMWARE) -- sh -c '\
@@ -103,17 +105,21 @@ test-host: native
 	$(PYTEST) -m "not device" $(PYTEST_ARGS)
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
-# counts per step on qemu for each board in BENCH_BOARDS (two runs, which must agree), host
+# counts per step on qemu for each board in BENCH_BOARDS (the Cortex-M7 and Cortex-M3 MPS2
+# boards, the RISC-V VIRT_RV32; two runs, which must agree), host
 # simulator vs PyTorch time. Writes bench/results.json and docs/performance.md; see
 # benchmarks/bench.py. Counts run on the boards' test firmware, and plans too big for its
 # heap (MCUNet) on a second build of the same board with a bigger heap.
-BENCH_BOARDS ?= mps2_an500 mps2_an385
+BENCH_BOARDS ?= mps2_an500 mps2_an385 virt_rv32
 BENCH_HEAP ?= 2097152
+# VIRT_RV32's linker script (ports/qemu/mcu/rv32/virt.ld) gives .data and .bss, the heap
+# among them, 2 MB in all
+BENCH_HEAP_virt_rv32 ?= 1572864
 BENCH_BIG_BUILD = $(MICROTRAIN_BUILD)/bench-bigheap
 bench: native
 	+$(MAKE) $(addprefix firmware-,$(BENCH_BOARDS))
-	+$(MAKE) $(addprefix firmware-,$(BENCH_BOARDS)) FIRMWARE_BUILD=$(BENCH_BIG_BUILD) \
-	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(BENCH_HEAP)"
+	+$(foreach b,$(BENCH_BOARDS),$(MAKE) firmware-$(b) FIRMWARE_BUILD=$(BENCH_BIG_BUILD) \
+	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(or $(BENCH_HEAP_$(b)),$(BENCH_HEAP))" && ) true
 	MICROPY_DIR=$(MICROPY_DIR) $(PY) benchmarks/bench.py --runs 2 --boards $(BENCH_BOARDS) $(foreach b,$(BENCH_BOARDS),\
 	    --firmware $(b)=$(FIRMWARE_BUILD)/$(b)/firmware.elf --big-firmware $(b)=$(BENCH_BIG_BUILD)/$(b)/firmware.elf)
 	$(PY) benchmarks/perfdoc.py

@@ -1,7 +1,7 @@
 """Speed of a training step: guest instructions on qemu, time on the host.
 
 For every model and update mode (benchmarks/bench_models.py): instructions of
-one Trainer.step and one Trainer.predict on a qemu Cortex-M board, counted
+one Trainer.step and one Trainer.predict on a qemu board (Cortex-M, RISC-V), counted
 exactly (benchmarks/qemu_count.py says how), MACs per step from the plan, the
 same MLP step in plain MicroPython on the same board, and the host simulator's
 microseconds per step beside PyTorch eager's (same model, batch 1, SGD with
@@ -154,7 +154,8 @@ def device_script(board, cases, baseline_cases, blob):
                           blob.add_f32(w["fc2.weight"]), blob.add_f32(w["fc2.bias"]),
                           blob.add_f32(c.x.reshape(-1)), c.label, LR, MOMENTUM, c.update == "full", c.reps))
     parts = [qemu_count.device_prelude(board), qemu_count.header(dict(CASES=rows, BASELINES=baselines)),
-             open(os.path.join(HERE, "plain_mlp.py")).read(), open(os.path.join(HERE, "device_count.py")).read()]
+             open(os.path.join(HERE, "plain_mlp.py")).read(), qemu_count.counter_source(board),
+             open(os.path.join(HERE, "device_count.py")).read()]
     return "\n".join(parts)
 
 
@@ -183,7 +184,7 @@ def count_on(board, firmware, cases, baseline_cases, verbose):
     for (cid, what), v in counts.items():
         if cid != "-":
             result.setdefault(cid, {})[what] = int(statistics.median(v)) - overhead
-    print("%s: %d windows counted in %.0f s (the two timer reads themselves: %d instructions, subtracted)"
+    print("%s: %d windows counted in %.0f s (the two counter reads themselves: %d instructions, subtracted)"
           % (os.path.relpath(firmware, ROOT), sum(len(v) for v in counts.values()), time.monotonic() - t0, overhead))
     return result, {"%s %s" % k: v for k, v in counts.items()}
 
@@ -359,7 +360,8 @@ def main():
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
-    run_facts = dict(boards=args.boards, qemu=qemu_version(), icount_shift=qemu_count.SHIFT, runs=args.runs,
+    run_facts = dict(boards=args.boards, qemu=qemu_version(), runs=args.runs,
+                     icount_shift={b: qemu_count.board(b)["shift"] for b in args.boards},
                      identical=identical, baseline_identical=baseline_identical, windows=raw_runs[0],
                      notes={"%s on %s" % (named[cid], board): n for (board, cid), n in notes.items()},
                      commit=git_head(), lr=LR, momentum=MOMENTUM)

@@ -1,37 +1,14 @@
 # Runs on the board (MicroPython). benchmarks/bench.py sends it after its data:
-# FINE, COARSE, BLOB, MASK, MAGIC, COARSE_CTRL (benchmarks/qemu_count.py), CASES,
-# BASELINES, and after benchmarks/plain_mlp.py (make, step). It prints one line
-# per measured window, 'W <case> <what> <four raw timer values>', and the values
-# the host checks against its simulator, 'V <case> <what> <value>'.
-# Every window reads the timers the same way; the host subtracts the empty one.
+# BLOB, MAGIC and the counter's constants (benchmarks/qemu_count.py), CASES, BASELINES,
+# benchmarks/plain_mlp.py (make, step) and the board's counter (count_cmsdk.py on the MPS2
+# boards, count_csr.py on VIRT_RV32: w_empty, w_call2, w_call3, counting_on, counting_off).
+# It prints one line per measured window, 'W <case> <what> <four raw counter values>', and
+# the values the host checks against its simulator, 'V <case> <what> <value>'.
+# Every window reads the counter the same way; the host subtracts the empty one.
 import gc
-import machine
 import uctypes
 import microtrain
 from array import array
-
-mem = machine.mem32
-SYST_CSR = 0xE000E010   # SysTick control: bit 1 enables its (1 ms) interrupt
-
-
-def w_empty(m=mem, F=FINE + 4, C=COARSE + 4):
-    a = m[F]; b = m[C]
-    c = m[F]; d = m[C]
-    return a, b, c, d
-
-
-def w_call2(f, p, q, m=mem, F=FINE + 4, C=COARSE + 4):
-    a = m[F]; b = m[C]
-    f(p, q)
-    c = m[F]; d = m[C]
-    return a, b, c, d
-
-
-def w_call3(f, p, q, r, m=mem, F=FINE + 4, C=COARSE + 4):
-    a = m[F]; b = m[C]
-    f(p, q, r)
-    c = m[F]; d = m[C]
-    return a, b, c, d
 
 
 def show(case, what, r):
@@ -74,13 +51,7 @@ def baseline_case(name, w1, b1, w2, b2, x, label, lr, momentum, full, reps):
 
 if bytes(blob((0, len(MAGIC)))) != MAGIC:
     raise ValueError("no benchmark data at 0x%x: the board's blob address in benchmarks/qemu_count.py is wrong" % BLOB)
-timers_csr = mem[SYST_CSR]
-mem[FINE + 8] = MASK   # RELOAD
-mem[FINE + 4] = MASK   # VALUE
-mem[FINE] = 1          # CTRL: enable, no interrupt
-mem[COARSE] = MASK     # Timer1Load
-mem[COARSE + 8] = COARSE_CTRL
-mem[SYST_CSR] = timers_csr & ~2
+counting = counting_on()
 try:
     for i in range(3):
         gc.collect()
@@ -92,5 +63,5 @@ try:
         baseline_case(*c)
         gc.collect()
 finally:
-    mem[SYST_CSR] = timers_csr
+    counting_off(counting)
 print("done")

@@ -97,8 +97,7 @@ def render(results, before, run):
            "Cross-entropy, SGD with momentum 0.9, batch 1. *v0* is the core before the kernel rewrite of "
            "issue 8 (commit %s), counted with the same harness (`bench/v0.json`). *est. ms* is an **estimate** for a 216 MHz Cortex-M7 "
            "(instructions x %.1f cycle / 216 MHz), not a measurement, given for the Cortex-M7 board only. "
-           "Boards: %s." % (V0_COMMIT, CPI, "; ".join("%s = %s" % (b, BOARDS[b]["core"] + (", soft float" if b == "MPS2_AN385"
-                                                                               else ", double-precision FPU"))
+           "Boards: %s." % (V0_COMMIT, CPI, "; ".join("%s = %s, %s" % (b, BOARDS[b]["core"], BOARDS[b]["fpu"])
                                             for b in run.get("boards", ["MPS2_AN500"]) if b in BOARDS)), "",
            "| model | update | board | instr/step v0 | instr/step | instr/predict | MACs/step | instr/MAC | "
            "plain MicroPython instr/step | x fewer than plain | est. ms/step at 216 MHz | host us/step | "
@@ -168,8 +167,9 @@ def render(results, before, run):
             "first uncounted one, one step for MCUNet (%s). Plans and samples are loaded by qemu's "
             "generic loader into RAM the firmware does not use and read in place; a plan that takes uint8 pixels "
             "gets its sample as those bytes (a `bytearray`), as an application would pass them."
-            % (" and ".join(run.get("boards", ["MPS2_AN500"])), run.get("qemu", "qemu"), run.get("icount_shift", 7),
-               run.get("icount_shift", 7), overhead(run), spread(run)), "",
+            % (" and ".join(b for b in run.get("boards", ["MPS2_AN500"]) if BOARDS.get(b, {}).get("counter") != "csr"),
+               run.get("qemu", "qemu"), shift_of(run, "MPS2_AN500"), shift_of(run, "MPS2_AN500"), overhead(run),
+               spread(run))] + rv32_method(run) + ["",
             "**Where a step's instructions go** (`benchmarks/kernel_profile.py`): the same device script under "
             "qemu's execution log (`-d in_asm,exec,nochain`), each executed translation block's instructions "
             "attributed to the firmware symbol that holds it, one step isolated as the difference between runs "
@@ -252,6 +252,28 @@ def repeat(run):
     return "the last `make bench` gave identical counts in both runs for all %d Trainer windows%s" % (
         n, "" if "baseline_identical" not in run else ", and %s for the plain-MicroPython baseline" % (
             "identical ones" if run["baseline_identical"] else "counts within a few instructions"))
+
+
+def shift_of(run, board):
+    """The -icount shift a board was counted with (bench/results.run.json: one number, or one per board)."""
+    shift = run.get("icount_shift", 7)
+    return shift.get(board, BOARDS.get(board, {}).get("shift", 7)) if isinstance(shift, dict) else shift
+
+
+def rv32_method(run):
+    """How the RISC-V board counts, when it was counted."""
+    rv = [b for b in run.get("boards", []) if BOARDS.get(b, {}).get("counter") == "csr"]
+    if not rv:
+        return []
+    return ["%s (qemu-system-riscv32's virt machine: %s, %s, the ESP32-C3/C6's instruction set) runs with "
+            "`-icount shift=%d`, and the script reads the instret counter (CSRs minstret and minstreth, "
+            "`benchmarks/count_csr.py`) instead of a timer: under icount qemu answers with its virtual clock, "
+            "2^%d ns per instruction, so the difference of two reads is the instruction count, 64 bits wide; "
+            "the port enables no interrupt there. Its float plans take about twice the Cortex-M3's (MPS2_AN385) "
+            "instructions per MAC (libgcc's soft float is C on RISC-V, assembly on ARM); the int8 kernels' "
+            "integer arithmetic takes about what it takes on the Cortex-M boards." % (" and ".join(rv), BOARDS[rv[0]]["core"],
+                                                               BOARDS[rv[0]]["fpu"], shift_of(run, rv[0]),
+                                                               shift_of(run, rv[0]))]
 
 
 def overhead(run):

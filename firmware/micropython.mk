@@ -9,7 +9,10 @@
 #                              the native modules NATMOD_TEST_ARCHS and CircuitPython's unix port
 #     firmware-test            what `make test` runs on: FIRMWARE_FAST_BOARDS (unix, MPS2_AN500)
 #     firmware-all             every board that builds here (FIRMWARE_ALL_BOARDS)
-#     natmod NATMOD_ARCH=ARCH  build/natmod/ARCH/_microtrain.mpy; `natmods`: every architecture
+#     natmod ARCH=ARCH         build/natmod/ARCH/_microtrain.mpy (or NATMOD_ARCH=); `natmods`: every architecture
+#     dist                     build/dist/mip/: each .mpy built here with the device package, as mip
+#                              package indexes (firmware/dist.py)
+#     firmware-stock-NAME      build/firmware-stock/NAME/: MicroPython for the board without microtrain
 #     firmware-circuitpython   build/firmware/circuitpython-unix/micropython (CircuitPython 10.2.1)
 #     firmware-check           the MicroPython checkout and its version
 #     firmware-clean
@@ -42,12 +45,17 @@ NATMOD_BUILD ?= $(MICROTRAIN_BUILD)/natmod
 MICROTRAIN_USER_C_MODULES ?= $(MICROTRAIN_ROOT)/modules
 FETCH := $(MICROTRAIN_ROOT)/firmware/fetch-sources.sh
 
-FIRMWARE_TEST_BOARDS ?= unix mps2_an385 mps2_an386 mps2_an500 rpi_pico
+FIRMWARE_TEST_BOARDS ?= unix mps2_an385 mps2_an386 mps2_an500 rpi_pico virt_rv32
 FIRMWARE_FAST_BOARDS ?= unix mps2_an500
 FIRMWARE_ALL_BOARDS ?= $(FIRMWARE_TEST_BOARDS) pybv11 nucleo_f746zg
-NATMOD_TEST_ARCHS ?= x64 armv7m armv7emsp armv7emdp armv6m
+# MicroPython as released for these boards, without microtrain (firmware-stock-NAME): what the
+# native module and `mpremote mip install` are tested on
+FIRMWARE_STOCK_BOARDS ?= virt_rv32 mps2_an500
+NATMOD_TEST_ARCHS ?= x64 armv7m armv7emsp armv7emdp armv6m rv32imc
 NATMOD_ALL_ARCHS ?= $(NATMOD_TEST_ARCHS) xtensawin
-NATMOD_ARCH ?= x64
+# `make natmod ARCH=rv32imc` as well as NATMOD_ARCH=rv32imc (ARCH only from the command line:
+# some environments export an ARCH of their own)
+NATMOD_ARCH ?= $(if $(filter command line,$(origin ARCH)),$(ARCH),x64)
 
 # The Python that runs MicroPython's tools (mpy_ld.py needs pyelftools): the project's
 # venv when there is one (the top-level Makefile's PY), which MICROTRAIN_FIRMWARE_PY_DEPS
@@ -98,8 +106,8 @@ MICROTRAIN_VENDOR_FOUND := $(shell $(FETCH) vendor 2>/dev/null)
 BOARD ?=
 MT_BOARD_NAME = $(shell echo '$(BOARD)' | tr 'A-Z-' 'a-z_')
 
-MICROTRAIN_FW_TARGETS := firmware firmware-test firmware-all firmware-check natmod natmods firmware-circuitpython \
-	$(addprefix firmware-,$(MT_BOARDS)) firmware-qemu firmware-natmod natmods-test \
+MICROTRAIN_FW_TARGETS := firmware firmware-test firmware-all firmware-check natmod natmods dist firmware-circuitpython \
+	$(addprefix firmware-,$(MT_BOARDS)) $(addprefix firmware-stock-,$(MT_BOARDS)) firmware-qemu firmware-natmod natmods-test \
 	firmware-pico-romfs
 
 .PHONY: micropython $(MICROTRAIN_FW_TARGETS) firmware-clean microtrain-firmware-force
@@ -108,7 +116,7 @@ micropython:
 	@$(FETCH) micropython "$(MICROPY_DIR)"
 
 firmware-clean:
-	rm -rf "$(FIRMWARE_BUILD)" "$(NATMOD_BUILD)" "$(MICROTRAIN_BUILD)/micropython-unix" "$(MICROTRAIN_BUILD)/micropython-qemu"
+	rm -rf "$(FIRMWARE_BUILD)" "$(NATMOD_BUILD)" "$(FIRMWARE_STOCK_BUILD)" "$(MICROTRAIN_BUILD)/micropython-unix" "$(MICROTRAIN_BUILD)/micropython-qemu"
 
 ifeq ($(wildcard $(MICROPY_DIR)/py/mpconfig.h),)
 ifneq ($(MICROPY_TARBALL)$(MICROTRAIN_VENDOR_FOUND),)
@@ -128,18 +136,23 @@ else
 
 # `make firmware` (no BOARD) leaves out, with a message, the boards whose toolchain is not
 # installed, so `make test` still runs everything else (and the tests say what is missing).
+# A board's compiler is its profile's `toolchain` (riscv64-unknown-elf-gcc for VIRT_RV32), else
+# arm-none-eabi-gcc for every port but unix.
 MT_HAVE_ARM := $(shell command -v arm-none-eabi-gcc)
 MT_HAVE_CMAKE := $(shell command -v cmake)
-mt_toolchain_missing = $(if $(filter-out unix,$(MT_PORT_$(1))),$(if $(MT_HAVE_ARM),,arm-none-eabi-gcc))$(if \
+mt_cc = $(or $(MT_TOOLCHAIN_$(1)),$(if $(filter-out unix,$(MT_PORT_$(1))),arm-none-eabi-gcc))
+mt_toolchain_missing = $(if $(call mt_cc,$(1)),$(if $(shell command -v $(call mt_cc,$(1))),,$(call mt_cc,$(1))))$(if \
 	$(filter cmake,$(MT_BUILD_$(1))),$(if $(MT_HAVE_CMAKE),, cmake))
 FIRMWARE_TEST_HERE := $(foreach b,$(FIRMWARE_TEST_BOARDS),$(if $(call mt_toolchain_missing,$(b)),,$(b)))
 FIRMWARE_TEST_NOT_HERE := $(filter-out $(FIRMWARE_TEST_HERE),$(FIRMWARE_TEST_BOARDS))
+FIRMWARE_STOCK_HERE := $(foreach b,$(FIRMWARE_STOCK_BOARDS),$(if $(call mt_toolchain_missing,$(b)),,$(b)))
 
 ifeq ($(BOARD),)
-firmware: $(addprefix firmware-,$(FIRMWARE_TEST_HERE)) $(if $(MT_HAVE_ARM),natmods-test,$(NATMOD_BUILD)/x64/_microtrain.mpy) \
+firmware: $(addprefix firmware-,$(FIRMWARE_TEST_HERE)) natmods-test \
 		firmware-circuitpython
 	@$(foreach b,$(FIRMWARE_TEST_NOT_HERE),echo "microtrain: skipping firmware $(b): no $(call mt_toolchain_missing,$(b)) (see firmware/README.md)";)
-firmware: microtrain-v0-links $(if $(MT_HAVE_ARM),firmware-natmod-tests $(if $(MT_HAVE_CMAKE),firmware-pico-romfs))
+firmware: microtrain-v0-links $(if $(MT_HAVE_ARM),firmware-natmod-tests $(if $(MT_HAVE_CMAKE),firmware-pico-romfs)) \
+	$(addprefix firmware-stock-,$(FIRMWARE_STOCK_HERE)) dist
 else ifeq ($(filter $(MT_BOARD_NAME),$(MT_BOARDS)),)
 firmware:
 	@echo "microtrain: no board profile boards/$(MT_BOARD_NAME).json; the boards are: $(MT_BOARDS)"; exit 2
@@ -269,20 +282,80 @@ $(FIRMWARE_BUILD)/%/.built: $(MICROTRAIN_ROOT)/boards/%.json $(MICROTRAIN_MODULE
 	@touch "$@"
 	@echo "microtrain: built $(@D)/$(MT_IMAGE_$*)"
 
+# ---- stock firmware: MicroPython without microtrain ------------------------------------------
+
+# build/firmware-stock/NAME/: MicroPython v1.28.0 for board NAME as released (the port's own
+# frozen manifest, no user C module), with what a real board has and the qemu port lacks: a
+# littlefs driver for a filesystem (the profile's make_args), and a heap of STOCK_HEAP bytes,
+# since a native module's code is loaded into the heap (103 KB for rv32imc; the ESP32s load it
+# into their executable RAM instead). The rv32imc .mpy's device tests run on the VIRT_RV32 one
+# (tests/support/mptargets.py), tests/device/test_mip.py installs the packages of `make dist`
+# with mpremote mip into both. Make ports only.
+FIRMWARE_STOCK_BUILD ?= $(MICROTRAIN_BUILD)/firmware-stock
+STOCK_HEAP ?= $(NATMOD_TEST_HEAP)
+mt_stock_args = BUILD="$(abspath $(@D))" \
+	$(if $(MT_BOARD_$*),BOARD=$(MT_BOARD_$*)) $(if $(MT_VARIANT_$*),VARIANT=$(MT_VARIANT_$*)) \
+	$(if $(MT_BOARD_DIR_$*),BOARD_DIR="$(MICROTRAIN_ROOT)/$(MT_BOARD_DIR_$*)") \
+	$(MT_MAKE_ARGS_$*) MICROPY_HEAP_SIZE=$(STOCK_HEAP) $(FIRMWARE_MAKE_ARGS)
+
+.PRECIOUS: $(FIRMWARE_STOCK_BUILD)/%/microtrain.config
+$(FIRMWARE_STOCK_BUILD)/%/microtrain.config: microtrain-firmware-force
+	@$(call microtrain_config,$(@D),'$(MICROTRAIN_MPY_ABS)' '$(MICROPY_VERSION_FOUND)' '$(mt_stock_args)')
+
+$(addprefix firmware-stock-,$(MT_BOARDS)): firmware-stock-%: $(FIRMWARE_STOCK_BUILD)/%/.built
+
+$(FIRMWARE_STOCK_BUILD)/%/.built: $(MICROTRAIN_ROOT)/boards/%.json $(MICROTRAIN_FIRMWARE_MK) \
+		$(FIRMWARE_STOCK_BUILD)/%/microtrain.config | $(MICROTRAIN_MPY_CROSS)
+	@$(if $(filter make,$(MT_BUILD_$*)),,echo "microtrain: firmware-stock-$* : stock builds are for make ports; $* builds with $(MT_BUILD_$*)" >&2; exit 2)
+	@$(microtrain_check_version)
+	@$(FETCH) submodules "$(MICROPY_DIR)" $(MT_SUBMODULES_$*)
+	+$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/$(MT_PORT_$*)" $(mt_stock_args)
+	@test -f "$(@D)/$(MT_IMAGE_$*)" || { echo "microtrain: the build left no $(@D)/$(MT_IMAGE_$*)"; exit 1; }
+	@touch "$@"
+	@echo "microtrain: built $(@D)/$(MT_IMAGE_$*) (stock: no microtrain)"
+
 # ---- native modules ---------------------------------------------------------------------
 
-# $(NATMOD_BUILD)/ARCH/_microtrain.mpy; firmware/natmod.mk says how. xtensawin needs an
-# xtensa compiler (ESP-IDF's xtensa-esp32-elf-gcc), skipped with a message when there is none.
+# $(NATMOD_BUILD)/ARCH/_microtrain.mpy; firmware/natmod.mk says how. Each architecture's cross
+# compiler (dynruntime.mk's CROSS) and where it comes from: a build without it stops on one line
+# saying so; `natmods` leaves out, with a message, the architectures whose compiler is missing.
+MT_NATMOD_CC_x64 := gcc
+MT_NATMOD_CC_x86 := gcc
+MT_NATMOD_CC_armv6m := arm-none-eabi-gcc
+MT_NATMOD_CC_armv7m := arm-none-eabi-gcc
+MT_NATMOD_CC_armv7emsp := arm-none-eabi-gcc
+MT_NATMOD_CC_armv7emdp := arm-none-eabi-gcc
+MT_NATMOD_CC_rv32imc := riscv64-unknown-elf-gcc
+MT_NATMOD_CC_xtensawin := xtensa-esp32-elf-gcc
+MT_NATMOD_WHERE_arm-none-eabi-gcc := Debian/Ubuntu: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi
+MT_NATMOD_WHERE_riscv64-unknown-elf-gcc := Debian/Ubuntu: apt-get install gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf
+MT_NATMOD_WHERE_xtensa-esp32-elf-gcc := ESP-IDF's installer (its install.sh, then . export.sh; docs/boards.md)
+MT_NATMOD_WHERE_gcc := your system's gcc
+mt_natmod_cc = $(MT_NATMOD_CC_$(1))
+mt_natmod_have = $(if $(call mt_natmod_cc,$(1)),$(shell command -v $(call mt_natmod_cc,$(1))))
+NATMOD_TEST_HERE = $(foreach a,$(NATMOD_TEST_ARCHS),$(if $(call mt_natmod_have,$(a)),$(a)))
 natmod: $(NATMOD_BUILD)/$(NATMOD_ARCH)/_microtrain.mpy
 firmware-natmod: natmod
-natmods-test: $(foreach a,$(NATMOD_TEST_ARCHS),$(NATMOD_BUILD)/$(a)/_microtrain.mpy)
-natmods: natmods-test $(if $(shell command -v xtensa-esp32-elf-gcc),$(NATMOD_BUILD)/xtensawin/_microtrain.mpy,natmod-xtensawin-missing)
+natmods-test: $(foreach a,$(NATMOD_TEST_HERE),$(NATMOD_BUILD)/$(a)/_microtrain.mpy)
+	@$(foreach a,$(filter-out $(NATMOD_TEST_HERE),$(NATMOD_TEST_ARCHS)),echo "microtrain: skipping the $(a) .mpy: no $(call mt_natmod_cc,$(a)) ($(MT_NATMOD_WHERE_$(call mt_natmod_cc,$(a))))";)
+natmods: natmods-test $(if $(call mt_natmod_have,xtensawin),$(NATMOD_BUILD)/xtensawin/_microtrain.mpy,natmod-xtensawin-missing)
 natmod-xtensawin-missing:
-	@echo "microtrain: no xtensa-esp32-elf-gcc (ESP-IDF's toolchain) here; skipping the xtensawin .mpy (firmware/README.md)"
+	@echo "microtrain: no xtensa-esp32-elf-gcc (ESP-IDF's toolchain) here; skipping the xtensawin .mpy (docs/boards.md)"
 .PHONY: natmod-xtensawin-missing
+
+# `make dist`: every architecture whose compiler is here (xtensawin with ESP-IDF's), each .mpy
+# with the device package, as mip package indexes in DIST_DIR (firmware/dist.py; docs/boards.md,
+# "Install on a stock board"); tests/device/test_mip.py serves it over http to mpremote.
+DIST_DIR ?= $(MICROTRAIN_BUILD)/dist/mip
+DIST_ARCHS = $(NATMOD_TEST_HERE) $(if $(call mt_natmod_have,xtensawin),xtensawin)
+dist: $(foreach a,$(DIST_ARCHS),$(NATMOD_BUILD)/$(a)/_microtrain.mpy) $(MICROTRAIN_ROOT)/firmware/dist.py | $(MICROTRAIN_MPY_CROSS)
+	python3 $(MICROTRAIN_ROOT)/firmware/dist.py --natmod "$(NATMOD_BUILD)" --archs $(DIST_ARCHS) \
+	    --mpy-cross "$(MICROTRAIN_MPY_CROSS)" --out "$(DIST_DIR)"
 
 $(NATMOD_BUILD)/%/_microtrain.mpy: $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_ROOT)/firmware/natmod.mk $(wildcard $(MICROTRAIN_ROOT)/firmware/natmod/*) \
 		$(MICROTRAIN_FIRMWARE_PY_DEPS)
+	@$(if $(call mt_natmod_cc,$*),,echo "microtrain: no native-module architecture '$*'; the architectures: $(NATMOD_ALL_ARCHS)" >&2; exit 2)
+	@$(if $(call mt_natmod_have,$*),,echo "microtrain: the $* .mpy needs $(call mt_natmod_cc,$*), which is not on PATH; get it from $(MT_NATMOD_WHERE_$(call mt_natmod_cc,$*))" >&2; exit 2)
 	@$(MICROTRAIN_PYTHON) -c "import elftools" 2>/dev/null || { \
 	    echo "microtrain: the native module needs pyelftools for MicroPython's mpy_ld.py (make venv-firmware, or pip install -r requirements-firmware.txt)"; exit 1; }
 	@mkdir -p "$(@D)"

@@ -24,6 +24,14 @@ SRC = $(MICROTRAIN_NATMOD_ROOT)/firmware/natmod/microtrain_natmod.c $(sort $(wil
 # strlen/memcpy calls that a native module cannot resolve.
 CFLAGS_EXTRA = -I$(MICROTRAIN_MOD_SRC) -fno-tree-loop-distribute-patterns
 
+# The core computes in float32. dynruntime.mk builds rv32imc modules without float by
+# default (modmicrotrain.c then stops at its #error); the ESP32-C3/C6 and the qemu VIRT_RV32
+# firmware have single-precision float (MICROPY_FLOAT_IMPL_FLOAT), in software: soft float
+# from libgcc, as on armv6m.
+ifeq ($(ARCH),rv32imc)
+MICROPY_FLOAT_IMPL ?= float
+endif
+
 include $(MPY_DIR)/py/dynruntime.mk
 
 # The int8 kernels at -O2, as in the firmware (modules/microtrain/micropython.mk says why).
@@ -33,8 +41,9 @@ $(filter %/mt_q8_kernels.o,$(SRC_O)): CFLAGS += -O2
 # mpy_ld.py finds qstrs by reading the files its rule is given, so give it this one too.
 $(CONFIG_H): $(MICROTRAIN_MOD_SRC)/modmicrotrain.c
 
-# Soft-float and 64-bit integer helpers (__aeabi_*) from libgcc on ARM. Not
-# LINK_RUNTIME=1: that would also pull in newlib's libc and libm.
-ifneq ($(filter arm%,$(ARCH)),)
+# Soft-float and 64-bit integer helpers from libgcc (__aeabi_* on ARM, __divsf3, __floatundidf,
+# __divdi3... on RISC-V and Xtensa), for every cross architecture; x64 and x86 need none. Not
+# LINK_RUNTIME=1: that would also pull in the C library (newlib, picolibc) and libm.
+ifneq ($(CROSS),)
 MPY_LD_FLAGS += -l$(realpath $(shell $(CROSS)gcc $(CFLAGS) --print-libgcc-file-name))
 endif

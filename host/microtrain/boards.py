@@ -245,8 +245,8 @@ def flash_command(board, image, port=None):
             raise BoardError("flashing %s needs %s" % (board["name"], FLASH_HELP[tool]))
         if not port:
             raise BoardError("flashing %s with esptool needs --port (e.g. /dev/ttyUSB0)" % board["name"])
-        chip = "esp32s3" if board["mcu"] == "ESP32-S3" else "esp32"
-        offset = "0x0" if chip == "esp32s3" else "0x1000"
+        chip = board["mcu"].lower().replace("-", "")            # esp32, esp32s3, esp32c3, esp32c6
+        offset = "0x1000" if chip in ("esp32", "esp32s2") else "0x0"   # where the bootloader goes
         return [exe, "--chip", chip, "--port", port, "--baud", "460800", "write_flash", offset, image]
     if tool == "uf2":
         drive = _uf2_drive("RPI-RP2" if board["mcu"] == "RP2040" else "RP2350")
@@ -286,7 +286,7 @@ def flash(name, port=None, image=None, dry_run=False, out=sys.stdout):
 # ---- make variables -------------------------------------------------------------------------------
 
 MAKE_FIELDS = ("port", "board", "variant", "board_dir", "build", "submodules", "make_args", "base_manifest", "image", "mpy_arch",
-               "qemu_machine", "run", "status")
+               "qemu_machine", "run", "status", "toolchain")
 
 
 def make_variables(boards=None):

@@ -46,6 +46,17 @@ def test_instructions_from_timer_readings(n):
         assert qemu_count.instructions(r, BOARD) == n
 
 
+@pytest.mark.parametrize("n", [0, 1, 780, (1 << 32) - 1, 1 << 32, (1 << 32) + 5, 3_883_880_810, 9_000_000_000])
+def test_instructions_from_instret_readings(n):
+    """VIRT_RV32's windows: instret's low and high words at both ends, the low word wrapping."""
+    rng = np.random.default_rng(n)
+    for _ in range(50):
+        t0 = int(rng.integers(0, 1 << 50))
+        t1 = t0 + n
+        r = (t0 & 0xFFFFFFFF, t0 >> 32, t1 & 0xFFFFFFFF, t1 >> 32)
+        assert qemu_count.instructions(r, "VIRT_RV32") == n
+
+
 def test_parse_reads_windows_and_values():
     t = 12_345 * (1 << qemu_count.SHIFT)
     r = timer_reading(t, t + 4_511 * (1 << qemu_count.SHIFT), 77)
@@ -56,7 +67,7 @@ def test_parse_reads_windows_and_values():
 
 
 def test_unknown_board_is_named():
-    with pytest.raises(ValueError, match="NETDUINO2.*MPS2_AN500"):
+    with pytest.raises(ValueError, match="NETDUINO2.*MPS2_AN500.*VIRT_RV32"):
         qemu_count.board("NETDUINO2")
 
 
@@ -188,14 +199,60 @@ def test_uint8_plan_gets_its_sample_as_bytes():
     assert host_us > 0 and torch_us is None
 
 
-def _firmware():
-    fw = os.path.join(ROOT, "build", "firmware", "mps2_an500", "firmware.elf")
+def _firmware(board="mps2_an500"):
+    """A board's test firmware (`make firmware`) and the MicroPython checkout, or a skip."""
+    fw = os.path.join(ROOT, "build", "firmware", board, "firmware.elf")
     micropy = os.environ.get("MICROPY_DIR") or os.path.expanduser("~/.cache/microtrain/micropython")
-    if not os.path.exists(fw) or shutil.which("qemu-system-arm") is None:
-        pytest.skip("needs qemu-system-arm and `make firmware` (%s)" % os.path.relpath(fw, ROOT))
+    exe = qemu_count.qemu_exe(board.upper())
+    if not os.path.exists(fw) or shutil.which(exe) is None:
+        pytest.skip("needs %s (apt-get install %s) and `make firmware` (%s)"
+                    % (exe, qemu_count.QEMU_APT[exe], os.path.relpath(fw, ROOT)))
     if not os.path.exists(os.path.join(micropy, "tools", "pyboard.py")):
         pytest.skip("needs the MicroPython checkout's tools/pyboard.py (set MICROPY_DIR)")
-    return fw
+    return fw, micropy
+
+
+LOOP = """
+@micropython.asm_rv32
+def loop(a0):
+    label(again)
+    addi(a0, a0, -1)
+    bne(a0, zero, again)
+
+
+def w_loop(n, r=instret, b0=B0, b1=B1):
+    r(b0)
+    loop(n)
+    r(b1)
+    return b0[0], b0[1], b1[0], b1[1]
+
+
+for n in (0, 1, 1, 10, 1000, 100000):   # the first window (0: one iteration, not shown) fills
+    r = w_loop(n or 1)                   # MicroPython's lookup caches at this call site
+    if n:
+        show("loop", str(n), r)
+"""
+
+
+@pytest.mark.device
+@pytest.mark.slow
+def test_rv32_counts_instructions_exactly_and_repeats():
+    """VIRT_RV32's counter (count_csr.py): a loop of n iterations of two instructions (addi, bne)
+    counts exactly 2 more per iteration, the same n the same count; and two qemu runs of the bench
+    script count every window alike, the board's loss and output matching the host's."""
+    fw, micropy = _firmware("virt_rv32")
+    import bench
+    script = "\n".join([qemu_count.device_prelude("VIRT_RV32"), qemu_count.counter_source("VIRT_RV32"),
+                        "def show(case, what, r):\n    print('W', case, what, r[0], r[1], r[2], r[3])\n", LOOP])
+    counts, _ = qemu_count.parse(qemu_count.run("VIRT_RV32", fw, qemu_count.Blob(), script, micropy), "VIRT_RV32")
+    c = {int(what): v for (_, what), v in counts.items()}
+    assert len(set(c[1])) == 1 and len(c[1]) == 2
+    for n in (10, 1000, 100000):
+        assert c[n][0] - c[1][0] == 2 * (n - 1), (n, c)
+    case = bench.Case("fixed", "Linear 1-2", "full", bench_models.linear(), False)
+    runs = [bench.count_on("VIRT_RV32", fw, [case], [], False)[1] for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert set(runs[0]) == {"- empty", "fixed step", "fixed predict"}
 
 
 @pytest.mark.device
@@ -203,7 +260,7 @@ def test_two_qemu_runs_count_the_same():
     """Determinism, the property the harness is built on: the same script counts the same
     instructions in every window, run after run (and the board's loss matches the host's,
     or count_on raises)."""
-    fw = _firmware()
+    fw, _ = _firmware()
     import bench
     case = bench.Case("fixed", "Linear 1-2", "full", bench_models.linear(), False)
     runs = [bench.count_on(BOARD, fw, [case], [], False)[1] for _ in range(2)]
@@ -215,7 +272,7 @@ def test_two_qemu_runs_count_the_same():
 def test_uint8_plan_on_qemu_matches_the_host():
     """The board takes the uint8 sample from the blob in place (a bytearray): its loss after the
     counted steps and its first output match the host simulator's (count_on raises otherwise)."""
-    fw = _firmware()
+    fw, _ = _firmware()
     import bench
     res, counts = bench.count_on(BOARD, fw, [_int8_case()], [], False)
     assert set(res["cnn-int8"]) == {"step", "predict"}

@@ -39,12 +39,13 @@ def kb(text):
 def test_profiles_are_complete_and_consistent():
     bs = boards.all_boards()
     for name in ("unix", "mps2_an385", "mps2_an386", "mps2_an500", "pybv11", "nucleo_f746zg", "rpi_pico",
-                 "rpi_pico2", "esp32_generic", "esp32_generic_s3"):
+                 "rpi_pico2", "esp32_generic", "esp32_generic_s3", "esp32_generic_c3", "esp32_generic_c6",
+                 "virt_rv32"):
         assert name in bs, name
     for name, b in bs.items():
         assert b["mpy_arch"] in NATMOD_ARCHS, name
         assert b["build"] in ("make", "cmake") and b["word_bytes"] in (4, 8), name
-        assert (b["fpu"] == "none") == (b["mpy_arch"] in ("armv6m", "armv7m")), name
+        assert (b["fpu"] == "none") == (b["mpy_arch"] in ("armv6m", "armv7m", "rv32imc")), name
         for u in b["usb"]:
             assert re.fullmatch(r"0x[0-9A-F]{4}", u["vid"]) and re.fullmatch(r"0x[0-9A-F]{4}", u["pid"]), name
         h = b["heap"]
@@ -169,6 +170,13 @@ def test_flash_says_what_is_missing_and_uses_the_family_tool(tmp_path):
     env["PATH"] = fake_tool(tmp_path, "picotool") + os.pathsep + env["PATH"]
     r = cli("flash", "--board", "rpi_pico", "--image", str(image), env=env)
     assert r.returncode == 0 and "picotool load -x %s" % image in r.stdout
+    # esptool: each chip by name, the image where its bootloader goes (0x1000 on the ESP32, 0x0 on the others)
+    fake_tool(tmp_path, "esptool")
+    for board, chip, offset in (("esp32_generic", "esp32", "0x1000"), ("esp32_generic_s3", "esp32s3", "0x0"),
+                                ("esp32_generic_c3", "esp32c3", "0x0"), ("esp32_generic_c6", "esp32c6", "0x0")):
+        r = cli("flash", "--board", board, "--image", str(image), "--port", "/dev/ttyACM0", env=env)
+        assert r.returncode == 0 and "--chip %s " % chip in r.stdout and "write_flash %s %s" % (offset, image) \
+            in r.stdout, (board, r.stdout, r.stderr)
 
 
 class FakeBoard:
@@ -185,6 +193,19 @@ class FakeBoard:
 
     def fs_writefile(self, path, data, progress_callback=None):
         self.files[path] = data
+
+    def fs_hashfile(self, path, algo):
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        import hashlib
+        return hashlib.new(algo, self.files[path]).digest()
+
+    def exec(self, code):
+        pass
+
+    def eval(self, expr):
+        assert expr == "getattr(sys.implementation, '_mpy', 0) & 0xFF", expr
+        return 6    # MicroPython v1.28's .mpy version
 
 
 @pytest.mark.slow
@@ -205,6 +226,40 @@ def test_mip_installs_the_native_module_with_the_device_package():
         if name.endswith(".py"):
             with open(os.path.join(package, name), "rb") as f:
                 assert board.files["/lib/microtrain/" + name] == f.read(), "package.json lacks " + name
+
+
+@pytest.mark.slow
+def test_dist_index_and_package_json_install_the_module_and_the_package():
+    """`make dist`'s folder, read by mpremote's own mip code: for each architecture, the index
+    (`--index DIR/<arch> microtrain`, the board's .mpy version 6; and --no-mpy's "py") and
+    <arch>/package.json install the same files: that architecture's _microtrain.mpy as built,
+    and every module of the device package, compiled to .mpy (as source for "py")."""
+    from mpremote import mip
+    dist = os.path.join(ROOT, "build", "dist", "mip")
+    if not os.path.isfile(os.path.join(dist, "index.json")):
+        if os.environ.get("CI") == "true":
+            pytest.fail("no build/dist/mip/index.json: make dist did not run")
+        pytest.skip("no build/dist/mip/index.json; run `make dist`")
+    with open(os.path.join(dist, "index.json")) as f:
+        archs = json.load(f)["architectures"]
+    assert {"x64", "armv6m", "armv7m", "armv7emsp", "armv7emdp", "rv32imc"} <= set(archs)
+    package = os.path.join(ROOT, "modules", "microtrain", "python", "microtrain")
+    sources = sorted(n for n in os.listdir(package) if n.endswith(".py"))
+    for arch, facts in archs.items():
+        with open(os.path.join(ROOT, "build", "natmod", arch, "_microtrain.mpy"), "rb") as f:
+            mpy = f.read()
+        assert facts["mpy_bytes"] == len(mpy)
+        by_index, by_url, by_source = FakeBoard(), FakeBoard(), FakeBoard()
+        mip._install_package(by_index, "microtrain", os.path.join(dist, arch), "/lib", None, True)
+        mip._install_package(by_url, os.path.join(dist, arch, "package.json"), "unused", "/lib", None, True)
+        mip._install_package(by_source, "microtrain", os.path.join(dist, arch), "/lib", None, False)
+        assert by_index.files == by_url.files, arch
+        assert sorted(by_index.files) == ["/lib/_microtrain.mpy"] + ["/lib/microtrain/%s.mpy" % n[:-3] for n in sources]
+        assert by_index.files["/lib/_microtrain.mpy"] == mpy == by_source.files["/lib/_microtrain.mpy"]
+        assert all(v[:2] == b"M\x06" for v in by_index.files.values()), arch
+        for n in sources:
+            with open(os.path.join(package, n), "rb") as f:
+                assert by_source.files["/lib/microtrain/" + n] == f.read(), (arch, n)
 
 
 def test_fit_boundary_is_exact():

@@ -1,6 +1,6 @@
 """Deploy, train, evaluate and pull over serial, end to end through the CLI, against
-the qemu MPS2_AN500 firmware on a pseudo-terminal (the code path of a real USB
-serial port) and the unix port: the pulled parameters equal the host simulator's
+the qemu MPS2_AN500 and VIRT_RV32 firmware on a pseudo-terminal (the code path of a real
+USB serial port), the unix port and the Pico in rp2040js: the pulled parameters equal the host simulator's
 after the same steps, and TRAINED.onnx in onnxruntime gives the simulator's
 predictions. Plus the errors a person gets, one line each, exit status 2."""
 import os
@@ -16,9 +16,10 @@ from serial_support import (EPOCHS, SEED, TOL, assert_params_equal, compile_mlp,
                             make_board, oracle)
 
 # qemu with the default (dynamo) exporter (the serial run of `make test`); unix with the
-# TorchScript one and the Pico in test-all
+# TorchScript one, the Pico and VIRT_RV32 (RISC-V) in test-all
 TARGETS = [("qemu", "dynamo"), pytest.param("unix", "ts13", marks=pytest.mark.slow),
-           pytest.param("pico", "dynamo", marks=pytest.mark.slow)]
+           pytest.param("pico", "dynamo", marks=pytest.mark.slow),
+           pytest.param("virt", "dynamo", marks=pytest.mark.slow)]
 
 
 def run_cli(capsys, *argv):

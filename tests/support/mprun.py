@@ -7,8 +7,8 @@ sys.path, load the native module where the target runs one, and `import` the scr
 scripts reach the target:
 
   unix      a folder of .py files, a process per script (`micropython -c STUB`).
-  qemu      a ROMFS image in the board's PSRAM (microtrain.device.emulated.QemuBoard maps it from
-            a host file), mounted at /rom: the scripts compiled by mpy-cross, and for a native-
+  qemu      a ROMFS image in the last 4 MB of the RAM that microtrain.device.emulated.QemuBoard
+            maps from a host file (the MPS2 boards' PSRAM, the virt machine's RAM), mounted at /rom: the scripts compiled by mpy-cross, and for a native-
             module target its .mpy and the device package. Nothing crosses the emulated UART
             but the stub and the output, which used to be the whole cost: a script's data at
             ~19 KB/s through the raw REPL (a native-module target's scripts carried the 60-80 KB
@@ -31,9 +31,10 @@ from microtrain.device import emulated
 import mptargets
 
 ROM_BYTES = 4 * 1024 * 1024
-# where qemu maps each board's 16 MB PSRAM (hw/arm/mps2.c); the scripts' ROMFS is its last 4 MB
-PSRAM_ADDR = {"mps2_an385": 0x21000000, "mps2_an386": 0x21000000, "mps2_an500": 0x60000000}
-ROM_OFFSET = emulated.PSRAM_BYTES - ROM_BYTES
+# the qemu machine of each qemu board profile (emulated.QEMU_MACHINES: where qemu maps RAM from a
+# file); the scripts' ROMFS is that RAM's last 4 MB
+QEMU_MACHINE = {"mps2_an385": "mps2-an385", "mps2_an386": "mps2-an386", "mps2_an500": "mps2-an500",
+                "virt_rv32": "virt"}
 
 
 class Result:
@@ -123,14 +124,16 @@ def _run_qemu(target, scripts, workdir, timeout):
     image = romfs.build(files)
     if len(image) > ROM_BYTES:
         raise ValueError("the scripts' ROMFS image is %d bytes, more than the %d reserved" % (len(image), ROM_BYTES))
-    flash = os.path.join(workdir, "psram.img")
+    machine = QEMU_MACHINE[target.board]
+    spec = emulated.qemu_machine(machine)
+    flash = os.path.join(workdir, "ram.img")
     with open(flash, "wb") as f:
-        f.truncate(emulated.PSRAM_BYTES)
-        f.seek(ROM_OFFSET)
+        f.truncate(spec.ram_bytes)
+        f.seek(spec.ram_bytes - ROM_BYTES)
         f.write(image)
     mount = "import uctypes, vfs\nvfs.mount(vfs.VfsRom(uctypes.bytearray_at(%d, %d)), '/rom')" % (
-        PSRAM_ADDR[target.board] + ROM_OFFSET, ROM_BYTES)
-    board = emulated.QemuBoard(target.firmware, flash=flash, workdir=workdir, machine=target.board.replace("_", "-"))
+        spec.ram_addr + spec.ram_bytes - ROM_BYTES, ROM_BYTES)
+    board = emulated.QemuBoard(target.firmware, flash=flash, workdir=workdir, machine=machine)
     return _run_on_board(board, scripts, lambda name: stub(name, "/rom", target.natmod, mount), timeout)
 
 
@@ -214,7 +217,7 @@ def run_source(target, code, timeout=600):
     if target.board == "rpi_pico":
         board = pico_board(target.firmware)
     else:
-        board = emulated.QemuBoard(target.firmware, machine=target.board.replace("_", "-"))
+        board = emulated.QemuBoard(target.firmware, machine=QEMU_MACHINE[target.board])
     try:
         port = board.start()
         with _watchdog(board, timeout):

@@ -14,6 +14,7 @@ from repo import BUILD, ROOT
 FIRMWARE = os.path.join(BUILD, "firmware")
 NATMOD = os.path.join(BUILD, "natmod")
 NATMOD_FIRMWARE = os.path.join(BUILD, "firmware-natmod-tests")
+STOCK_FIRMWARE = os.path.join(BUILD, "firmware-stock")
 RP2040JS = os.path.join(ROOT, "tests", "device", "rp2040js")
 PACKAGE = os.path.join(ROOT, "modules", "microtrain", "python")
 MICROPY_DIR = os.path.abspath(os.path.expanduser(
@@ -71,6 +72,7 @@ class Target:
 
 
 QEMU_NEEDS = (("qemu-system-arm", "Debian/Ubuntu: apt-get install qemu-system-arm"),)
+QEMU_RV_NEEDS = (("qemu-system-riscv32", "Debian/Ubuntu: apt-get install qemu-system-misc"),)
 
 
 def targets():
@@ -82,6 +84,12 @@ def targets():
         # it train_kws does not fit the Cortex-M3's 140 KB (firmware/micropython.mk)
         t.append(Target(board + "-natmod", board, "execpty", os.path.join(NATMOD_FIRMWARE, board, "firmware.elf"),
                         natmod=arch, needs=QEMU_NEEDS))
+    # RISC-V (the ESP32-C3/C6's RV32IMC, no FPU): VIRT_RV32 with the module built in, and the stock
+    # VIRT_RV32 firmware (no microtrain; a 1 MB heap, which the .mpy's 103 KB of code is loaded
+    # into: firmware/micropython.mk, firmware-stock-%) loading the rv32imc .mpy
+    t.append(Target("virt_rv32", "virt_rv32", "execpty", fw("virt_rv32", "firmware.elf"), needs=QEMU_RV_NEEDS))
+    t.append(Target("virt_rv32-natmod", "virt_rv32", "execpty", os.path.join(STOCK_FIRMWARE, "virt_rv32", "firmware.elf"),
+                    natmod="rv32imc", needs=QEMU_RV_NEEDS))
     t.append(Target("unix-pypi-natmod", "unix", "unix", pypi_micropython(), natmod="x64"))
     t.append(Target("rpi_pico", "rpi_pico", "execpty", fw("rpi_pico", "firmware.uf2"),
                     needs=(("node", "Debian/Ubuntu: apt-get install nodejs npm"),)))

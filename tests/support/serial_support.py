@@ -1,9 +1,10 @@
 """Shared by the serial tests: boards to test against, a small data set, and the oracle.
 
 Boards: the qemu MPS2_AN500 firmware on a pseudo-terminal (the code path of a real
-USB serial port), the unix port on one, and the RPI_PICO firmware in rp2040js with its
-USB CDC on one (a RAM disk for its files: rp2040js has no flash writes); all built by
-`make firmware` (the Pico's emulator by `make rp2040js`).
+USB serial port), the qemu VIRT_RV32 firmware (32-bit RISC-V) on one, the unix port on
+one, and the RPI_PICO firmware in rp2040js with its USB CDC on one (a RAM disk for its
+files: rp2040js has no flash writes); all built by `make firmware` (the Pico's emulator by
+`make rp2040js`).
 MICROTRAIN_FIRMWARE_QEMU / MICROTRAIN_FIRMWARE_UNIX point the tests at other builds.
 
 Data: scikit-learn's bundled iris (150 samples, 4 features, 3 classes), standardised,
@@ -24,6 +25,7 @@ FIRMWARE = {
     "qemu": os.environ.get("MICROTRAIN_FIRMWARE_QEMU") or os.path.join(ROOT, "build", "firmware", "mps2_an500", "firmware.elf"),
     "unix": os.environ.get("MICROTRAIN_FIRMWARE_UNIX") or os.path.join(ROOT, "build", "firmware", "unix", "micropython"),
     "pico": os.path.join(ROOT, "build", "firmware", "rpi_pico", "firmware.uf2"),
+    "virt": os.path.join(ROOT, "build", "firmware", "virt_rv32", "firmware.elf"),
 }
 RP2040JS = os.path.join(ROOT, "tests", "device", "rp2040js")
 EPOCHS = 3
@@ -44,6 +46,8 @@ def need(target):
         skip("no %s firmware at %s; run `make firmware`" % (target, os.path.relpath(fw, ROOT)))
     if target == "qemu" and not shutil.which("qemu-system-arm"):
         skip("qemu-system-arm not found (Debian/Ubuntu: apt-get install qemu-system-arm)")
+    if target == "virt" and not shutil.which("qemu-system-riscv32"):
+        skip("qemu-system-riscv32 not found (Debian/Ubuntu: apt-get install qemu-system-misc)")
     if target == "pico":
         if not os.path.isdir(os.path.join(RP2040JS, "node_modules", "rp2040js")):
             skip("rp2040js is not installed; run `make rp2040js`")
@@ -65,6 +69,8 @@ def make_board(target, **kw):
     fw = need(target)
     if target == "pico":
         b = PicoBoard(fw, bootrom(), PICO_BRIDGE, **kw)
+    elif target == "virt":
+        b = QemuBoard(fw, machine="virt", **kw)
     else:
         b = QemuBoard(fw, **kw) if target == "qemu" else UnixBoard(fw, **kw)
     b.start()

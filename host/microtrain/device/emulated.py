@@ -2,9 +2,12 @@
 gives a serial port path (a pseudo-terminal) that the host opens as it would a USB
 serial port, and ways to reset the board or cut its power.
 
-QemuBoard   the qemu MPS2_AN500 firmware, its UART on a pty (`-serial pty`). Its
-            filesystem (microtrain.ramdisk) lives in the board's 16 MB PSRAM at
-            0x60000000, which qemu maps from a file: a reset (the monitor's
+QemuBoard   a MicroPython qemu firmware, its UART on a pty (`-serial pty`): MPS2_AN500
+            (and AN385/AN386) in qemu-system-arm, VIRT_RV32 in qemu-system-riscv32.
+            Its filesystem (microtrain.ramdisk) lives in RAM that qemu maps from a
+            file (QEMU_MACHINES: the MPS2 boards' 16 MB PSRAM, which the firmware
+            does not use; the RISC-V virt machine's 32 MB of RAM, whose first 6 MB
+            the firmware's image, heap and stack take): a reset (the monitor's
             system_reset) reloads the firmware but not that memory, and a power cut
             (qemu killed) leaves the file as the memory was at that instant, as flash
             would be. The firmware must be built with MICROPY_VFS_LFS2=1.
@@ -37,6 +40,44 @@ import time
 import tty
 
 PSRAM_BYTES = 16 * 1024 * 1024
+
+
+class QemuMachine:
+    """A qemu machine a MicroPython firmware runs on: the emulator, extra arguments, and the
+    RAM qemu maps from a host file: where it is (ram_addr), how big (ram_bytes), whether the
+    machine takes it as its PSRAM (the MPS2 boards, hw/arm/mps2.c) or as its RAM (virt), and
+    the first address in it the firmware leaves alone (free_addr: microtrain.ramdisk's disk
+    starts there; the device tests' ROMFS images take the file's last megabytes)."""
+
+    def __init__(self, qemu, ram_addr, ram_bytes, free_addr, args=(), psram=False):
+        self.qemu, self.ram_addr, self.ram_bytes, self.free_addr = qemu, ram_addr, ram_bytes, free_addr
+        self.args, self.psram = list(args), psram
+
+    def command_args(self, name, path):
+        """-machine NAME with its memory mapped from the file at path, and the extra arguments."""
+        backend = "psram" if self.psram else "ram"
+        size = [] if self.psram else ["-m", "%dM" % (self.ram_bytes >> 20)]
+        return ["-machine", "%s,memory-backend=%s" % (name, backend), "-object",
+                "memory-backend-file,id=%s,size=%d,mem-path=%s,share=on" % (backend, self.ram_bytes, path)] + \
+            size + self.args
+
+
+# the MPS2 boards: 16 MB of PSRAM (0x60000000 on AN500, 0x21000000 on AN385/AN386; `info mtree`),
+# firmware in SSRAM1 at 0. virt: RAM at 0x80000000, the firmware's image, heap and stack in its
+# first 6.1 MB (ports/qemu/mcu/rv32/virt.ld), -bios none runs the ELF directly.
+QEMU_MACHINES = {
+    "mps2-an500": QemuMachine("qemu-system-arm", 0x60000000, PSRAM_BYTES, 0x60000000, psram=True),
+    "mps2-an385": QemuMachine("qemu-system-arm", 0x21000000, PSRAM_BYTES, 0x21000000, psram=True),
+    "mps2-an386": QemuMachine("qemu-system-arm", 0x21000000, PSRAM_BYTES, 0x21000000, psram=True),
+    "virt": QemuMachine("qemu-system-riscv32", 0x80000000, 32 << 20, 0x81000000, args=["-bios", "none"]),
+}
+QEMU_APT = {"qemu-system-arm": "qemu-system-arm", "qemu-system-riscv32": "qemu-system-misc"}
+
+
+def qemu_machine(name):
+    if name not in QEMU_MACHINES:
+        raise ValueError("no qemu machine %r here; known: %s" % (name, ", ".join(sorted(QEMU_MACHINES))))
+    return QEMU_MACHINES[name]
 
 
 _running = set()
@@ -108,14 +149,18 @@ class _Emulated:
 
 
 class QemuBoard(_Emulated):
-    def __init__(self, firmware, flash=None, workdir=None, qemu="qemu-system-arm", machine="mps2-an500"):
+    """flash: the host file qemu maps the machine's RAM from (QEMU_MACHINES; created empty
+    if absent); machine: mps2-an500, mps2-an385, mps2-an386 or virt (VIRT_RV32)."""
+
+    def __init__(self, firmware, flash=None, workdir=None, qemu=None, machine="mps2-an500"):
         if not os.path.exists(firmware):
-            raise FileNotFoundError("no firmware at %s: build it with `make firmware-qemu`" % firmware)
+            raise FileNotFoundError("no firmware at %s: build it with `make firmware`" % firmware)
         self.firmware = os.path.abspath(firmware)
+        self.spec = qemu_machine(machine)
         self._own_dir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="mt-qemu-")
         self.flash = flash or os.path.join(self.workdir, "psram.img")
-        self.qemu = qemu
+        self.qemu = qemu or self.spec.qemu
         self.machine = machine
         self.proc = None
         self.port = None
@@ -128,10 +173,15 @@ class QemuBoard(_Emulated):
             os.unlink(mon)
         log_path = os.path.join(self.workdir, "qemu.log")
         log = open(log_path, "wb")
-        cmd = [self.qemu, "-machine", self.machine + ",memory-backend=psram",
-               "-object", "memory-backend-file,id=psram,size=%d,mem-path=%s,share=on" % (PSRAM_BYTES, self.flash),
-               "-display", "none", "-monitor", "unix:%s,server=on,wait=off" % mon, "-semihosting",
-               "-serial", "pty", "-kernel", self.firmware]
+        if shutil.which(self.qemu) is None:
+            raise FileNotFoundError("%s not found (Debian/Ubuntu: apt-get install %s)"
+                                    % (self.qemu, QEMU_APT.get(self.qemu, self.qemu)))
+        if not os.path.exists(self.flash):
+            with open(self.flash, "wb") as f:
+                f.truncate(self.spec.ram_bytes)
+        cmd = [self.qemu] + self.spec.command_args(self.machine, self.flash) + [
+            "-display", "none", "-monitor", "unix:%s,server=on,wait=off" % mon, "-semihosting",
+            "-serial", "pty", "-kernel", self.firmware]
         self.proc = _spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         try:
@@ -457,15 +507,19 @@ def pico_bootrom():
 
 
 def main(argv=None):
-    """python -m microtrain.device.emulated qemu|unix|pico FIRMWARE -- COMMAND...: run COMMAND
+    """python -m microtrain.device.emulated qemu|virt|unix|pico FIRMWARE -- COMMAND...: run COMMAND
     with an emulated board on a pseudo-terminal, its path in $PORT; the board stops after.
+    qemu: an MPS2_AN500 firmware.elf; virt: a VIRT_RV32 firmware.elf (qemu-system-riscv32).
     pico: the RPI_PICO firmware.uf2 in rp2040js (`make rp2040js`), a 64 KB RAM disk for its files."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 4 or argv[0] not in ("qemu", "unix", "pico") or argv[2] != "--":
-        print("usage: python -m microtrain.device.emulated qemu|unix|pico FIRMWARE -- COMMAND...", file=sys.stderr)
+    kinds = ("qemu", "virt", "unix", "pico")
+    if len(argv) < 4 or argv[0] not in kinds or argv[2] != "--":
+        print("usage: python -m microtrain.device.emulated qemu|virt|unix|pico FIRMWARE -- COMMAND...", file=sys.stderr)
         return 2
     if argv[0] == "pico":
         board = PicoBoard(argv[1], pico_bootrom(), PICO_BRIDGE)
+    elif argv[0] == "virt":
+        board = QemuBoard(argv[1], machine="virt")
     else:
         board = (QemuBoard if argv[0] == "qemu" else UnixBoard)(argv[1])
     try:

@@ -1,6 +1,8 @@
 # A filesystem in a fixed region of RAM, for boards with no flash filesystem (the
-# qemu MPS2_AN500 board): a block device over memory outside MicroPython's heap and
-# .bss (the board's PSRAM; the firmware lives in SSRAM1 at 0), mounted as littlefs.
+# qemu MPS2_AN500 and VIRT_RV32 boards): a block device over memory outside MicroPython's
+# heap and .bss (the MPS2 board's PSRAM, where the firmware lives in SSRAM1 at 0; the
+# virt machine's RAM 16 MB in, above the firmware's image, heap and stack), mounted as
+# littlefs.
 # The memory keeps its contents across a reset of the board (qemu's system_reset
 # reloads the firmware image, not this region), and qemu can map it from a file that
 # outlives the emulator (a power cut: see microtrain.device.emulated), so files
@@ -9,11 +11,15 @@
 #
 #     from microtrain import ramdisk
 #     ramdisk.mount()              # formats the region the first time
+import sys
+
 import uctypes
 import vfs
 
-# qemu mps2-an500: 16 MB of PSRAM at 0x60000000
-ADDR = 0x60000000
+# where the disk is, by qemu machine (sys.implementation._machine starts with its name; the
+# host's microtrain.device.emulated.QEMU_MACHINES maps these from a file): qemu mps2-an500's
+# 16 MB of PSRAM at 0x60000000, the RISC-V virt machine's RAM at 0x81000000
+ADDR = 0x81000000 if getattr(sys.implementation, "_machine", "").startswith("virt") else 0x60000000
 SIZE = 1024 * 1024
 BLOCK = 1024
 
