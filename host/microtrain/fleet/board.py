@@ -22,6 +22,7 @@ import os
 import re
 import struct
 import tempfile
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -30,12 +31,21 @@ import numpy as np
 
 from ..device import protocol as P
 from ..device.board import Board
-from ..device.errors import DataError, DeviceError, LinkError
+from ..device.errors import DataError, DeviceError, LinkError, NoDevice
 from . import samples as S
+
+
+# sends of one command before the link counts as lost (then: reconnect, resume from the checkpoint);
+# fewer than `microtrain train`'s 30, so that a board that went silent is found out in seconds
+LINK_RETRIES = 12
 
 
 class PlanMismatch(DeviceError):
     """The board runs another plan than the fleet's: it is refused, never averaged."""
+
+    def __init__(self, board_crc, message):
+        super().__init__(message)
+        self.board_crc = board_crc
 
 
 class RoundTimeout(DeviceError):
@@ -62,6 +72,7 @@ class RoundResult:
     seconds: float
     link_bytes: dict = field(default_factory=dict)   # {"out": host to board, "in": board to host}
     recoveries: int = 0
+    resumed_at: list = field(default_factory=list)   # the board's count each time it carried on a round
 
 
 @contextlib.contextmanager
@@ -92,16 +103,27 @@ class FleetBoard:
     the host lets go of the port (close), so the next round only says HELLO."""
 
     def __init__(self, port, baud=115200, board=None):
-        self.board = board or Board(port, baud=baud)
+        self.board = board or Board(port, baud=baud, retries=LINK_RETRIES)
         self.port = port
 
     def __enter__(self):
-        if self.board.facts is None:
-            self.board.connect()
         return self
 
+    def connect(self, deadline=None):
+        """Reach the board's server (starting it through the REPL if need be); a silent board is
+        tried again until deadline (time.monotonic()), one whose port is gone fails at once."""
+        def late():
+            if deadline is not None and time.monotonic() > deadline:
+                raise RoundTimeout("the board on %s did not answer before the round's time ran out; it is left "
+                                   "out of this round" % self.port)
+        self._reconnect(deadline, late, first=True)
+        return self.board.facts
+
     def __exit__(self, *exc):
-        self.board.close(quit=False)
+        try:
+            self.board.close(quit=False)
+        except OSError:         # a port whose board went away fails even its close: what failed first counts
+            pass
 
     @property
     def stats(self):
@@ -117,7 +139,7 @@ class FleetBoard:
     def check_plan(self, plan_crc):
         got = self.plan_crc()
         if got != plan_crc:
-            raise PlanMismatch("the board on %s runs plan %08x, the fleet trains plan %08x: it is left out of the "
+            raise PlanMismatch(got, "the board on %s runs plan %08x, the fleet trains plan %08x: it is left out of the "
                                "round; deploy the fleet's plan to it with `microtrain deploy PLAN.mtp --port %s`"
                                % (self.port, got, plan_crc, self.port))
 
@@ -164,23 +186,48 @@ class FleetBoard:
         data, crc = layout.encode(values)
         link0 = (self.stats.bytes_out, self.stats.bytes_in)
         t0 = time.monotonic()
-        recoveries = 0
-        samples = None
-        got = None
-        chunks = {}             # first sample -> (count, loss sum, correct)
+        expired = threading.Event()
+        progress = {"at": 0, "of": "?"}     # for the timeout's message
 
         def late():
-            if deadline is not None and time.monotonic() > deadline:
-                raise RoundTimeout("the round's time ran out on the board on %s after %d of %s samples"
-                                   % (self.port, got["samples"] if got else 0, samples if samples else "?"))
+            if expired.is_set() or (deadline is not None and time.monotonic() > deadline):
+                raise RoundTimeout("the round's time ran out with the board on %s at sample %d of %s; it is left "
+                                   "out of this round (its state stays checkpointed on the board)"
+                                   % (self.port, progress["at"], progress["of"]))
 
+        def expire():
+            # a board that stopped answering holds the host in a read: the port closed under it ends that
+            expired.set()
+            try:
+                self.board.transport.serial.close()
+            except Exception:
+                pass
+        watchdog = threading.Timer(max(0.0, deadline - t0), expire) if deadline is not None else None
+        if watchdog:
+            watchdog.daemon = True
+            watchdog.start()
+        try:
+            return self._train_round(layout, data, crc, run, seed, epochs, steps, checkpoint_every, max_recoveries,
+                                     accuracy, log, late, expired, progress, t0, link0, deadline)
+        finally:
+            if watchdog:
+                watchdog.cancel()
+
+    def _train_round(self, layout, data, crc, run, seed, epochs, steps, checkpoint_every, max_recoveries, accuracy,
+                     log, late, expired, progress, t0, link0, deadline):
+        recoveries = 0
+        resumed = []
+        samples = None
+        got = None
+        chunks = {}
         while True:
             try:
                 late()
                 if got is None:
                     got = self._begin(layout, data, crc, run, seed, epochs, steps, True)
-                    samples = got["total"]
+                    samples = progress["of"] = got["total"]
                     if got["have"]:
+                        resumed.append(got["samples"])
                         log("%s: the round was under way on the board, at sample %d" % (self.port, got["samples"]))
                 done = got["samples"]
                 chunks = {k: c for k, c in chunks.items() if k + c[0] <= done}
@@ -201,7 +248,7 @@ class FleetBoard:
                         self.board.sample_time = max(1e-5, self.board.link.work[P.LOCAL_TRAIN] / trained)
                     if trained:
                         chunks[at - trained] = (trained, loss_sum, correct)
-                    done = at
+                    done = progress["at"] = at
                     got["samples"] = done
                     if checkpoint_every and done % checkpoint_every == 0 and done < samples and done != saved:
                         self.board.save()
@@ -209,17 +256,21 @@ class FleetBoard:
                 self.board.save()           # the round's end: a reset now keeps the trained values
                 params = self.read_values(layout)
                 break
-            except (LinkError, OSError) as e:
-                if isinstance(e, RoundTimeout):
+            except (LinkError, OSError, TypeError, AttributeError) as e:
+                # TypeError, AttributeError: pyserial's read on a port the watchdog closed
+                if expired.is_set():
+                    late()
+                if not isinstance(e, (LinkError, OSError)):
                     raise
                 recoveries += 1
                 if recoveries > max_recoveries:
                     raise
                 log("%s: link lost (%s); reconnecting, the board resumes from its last checkpoint" % (self.port, e))
-                wait = 20.0 if deadline is None else max(1.0, min(20.0, deadline - time.monotonic()))
-                self.board.reconnect(wait=wait)
+                self._reconnect(deadline, late)
                 if got is not None:
                     got = self._begin(layout, data, crc, run, seed, epochs, steps, True)
+                    if got["have"]:
+                        resumed.append(got["samples"])
         n = sum(c[0] for c in chunks.values())
         return RoundResult(
             params=params, stored=got["stored"], trained=samples,
@@ -227,7 +278,33 @@ class FleetBoard:
             accuracy=(sum(c[2] for c in chunks.values()) / n if n else float("nan")) if accuracy else None,
             seconds=time.monotonic() - t0,
             link_bytes={"out": self.stats.bytes_out - link0[0], "in": self.stats.bytes_in - link0[1]},
-            recoveries=recoveries)
+            recoveries=recoveries, resumed_at=resumed)
+
+    def _reconnect(self, deadline, late, first=False):
+        """Reach the board's server again. A board whose port is gone (unplugged, powered off) fails
+        at once with NoDevice; one whose port is there but silent (resetting, stalled, hung) is tried
+        again until the round's deadline (without one: once)."""
+        while True:
+            late()
+            wait = 20.0 if deadline is None else max(1.0, min(20.0, deadline - time.monotonic()))
+            try:
+                if first:
+                    self.board.connect()
+                else:
+                    self.board.reconnect(wait=wait)
+                late()
+                return
+            except (DeviceError, OSError, ValueError) as e:    # ValueError: a damaged line's JSON
+                if isinstance(e, RoundTimeout):
+                    raise
+                late()
+                if not os.path.exists(self.port):
+                    raise NoDevice("the board on %s went away (its port is gone: unplugged or powered off); it is "
+                                   "left out of this round" % self.port) from e
+                if deadline is None:
+                    raise
+                first = False
+                time.sleep(0.5)
 
     def evaluate(self, layout, values):
         """(samples, accuracy or mse) of `values` on the board's own samples (the trained state of

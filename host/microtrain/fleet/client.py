@@ -15,25 +15,34 @@ reply: the trained values (ArrayRecord "arrays"), MetricRecord "metrics" with nu
 (the samples the board holds: FedAvg's weight), train-loss and train-accuracy, and
 ConfigRecord "fleet" (the board's plan CRC, its port, the bytes the round took over the
 link each way, seconds, recoveries) for the server's checks and figures. A board running
-another plan raises PlanMismatch: Flower returns that as the node's error, and the round
+another plan answers with the "fleet" record alone, naming its plan and the error; the
+server refuses it by that hash. Any other failure (the board gone, silent until the round's
+deadline) is an exception, which Flower returns as the node's error; either way the round
 goes on without it."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import numpy as np
 
-from .board import FleetBoard, board_lock, round_run, round_seed
+from .board import FleetBoard, PlanMismatch, board_lock, round_run, round_seed
 from .layout import Layout
 
 PORTS_ENV = "MICROTRAIN_FLEET_PORTS"    # comma-separated ports, indexed by Flower's partition-id
 
 
 def _port(context, ports):
+    """The board's port: the node config's `port`; else ports[partition-id], ports being a list or
+    a JSON file of one, read at each message (a board plugged in again may come back on another
+    port), or $MICROTRAIN_FLEET_PORTS."""
     node = context.node_config
     if "port" in node:
         return str(node["port"])
+    if isinstance(ports, str):
+        with open(ports) as f:
+            ports = json.load(f)
     ports = ports or [p for p in os.environ.get(PORTS_ENV, "").split(",") if p]
     pid = node.get("partition-id")
     if pid is None or int(pid) >= len(ports):
@@ -65,7 +74,8 @@ def _fleet_record(board_crc, port, seconds, res=None, error=""):
     rec = {"plan-crc": int(board_crc), "port": port, "seconds": float(seconds), "error": error}
     if res is not None:
         rec.update({"bytes-out": int(res.link_bytes["out"]), "bytes-in": int(res.link_bytes["in"]),
-                    "recoveries": int(res.recoveries), "stored": int(res.stored), "trained": int(res.trained)})
+                    "recoveries": int(res.recoveries), "stored": int(res.stored), "trained": int(res.trained),
+                    "resumed-at": [int(k) for k in res.resumed_at]})
     return ConfigRecord(rec)
 
 
@@ -78,7 +88,13 @@ def train_message(msg, context, ports=None, baud=115200):
     seed = round_seed(int(cfg.get("seed", 0)), server_round)
     run = round_run(layout.crc, cfg.get("fleet-id", ""), server_round, layout.values_crc(values), seed)
     with board_lock(port, wait=timeout or None), FleetBoard(port, baud=baud) as fb:
-        fb.check_plan(layout.crc)
+        fb.connect(deadline)
+        try:
+            fb.check_plan(layout.crc)
+        except PlanMismatch as e:
+            # an answer, not an error: the server refuses it by the plan hash it names
+            return Message(content=RecordDict({"fleet": _fleet_record(e.board_crc, port, time.monotonic() - t0,
+                                                                      error=str(e))}), reply_to=msg)
         res = fb.train_round(layout, values, run, seed, epochs=int(cfg.get("local-epochs", 1)),
                              steps=int(cfg.get("local-steps", 0)), checkpoint_every=int(cfg.get("checkpoint-every", 0)),
                              deadline=deadline, log=lambda line: print(line, flush=True))
@@ -96,6 +112,7 @@ def evaluate_message(msg, context, ports=None, baud=115200):
     from flwr.app import Message, MetricRecord, RecordDict
     cfg, layout, values, port, timeout, t0 = _start(msg, context, ports)
     with board_lock(port, wait=timeout or None), FleetBoard(port, baud=baud) as fb:
+        fb.connect(t0 + timeout if timeout else None)
         fb.check_plan(layout.crc)
         n, metric = fb.evaluate(layout, values)
     name = "eval-accuracy" if fb.board.facts["plan"]["ce"] else "eval-mse"
@@ -105,7 +122,8 @@ def evaluate_message(msg, context, ports=None, baud=115200):
 
 
 def client_app(ports=None, baud=115200):
-    """A ClientApp whose node k drives ports[k] (or its node config's `port`)."""
+    """A ClientApp whose node k drives ports[k] (ports: a list, or a JSON file of one read at each
+    message), or the port its node config names."""
     from flwr.clientapp import ClientApp
     app = ClientApp()
 

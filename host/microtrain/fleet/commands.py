@@ -27,7 +27,9 @@ def add_arguments(sub, formatter_class):
                        help="federated training of a fleet of boards on Flower (docs/fleet.md)",
                        description="Federated training on Flower: each board trains on the samples on its own "
                        "filesystem, only the plan's trainable values cross its link (docs/fleet.md).")
-    fs = f.add_subparsers(dest="fleet_cmd", metavar="COMMAND", required=True)
+    fs = f.add_subparsers(dest="fleet_cmd", metavar="COMMAND", required=True,
+                         help="simulate an emulated fleet, provision a board's samples, count a round's bytes, "
+                         "or write a Flower App")
 
     s = fs.add_parser("simulate", formatter_class=formatter_class,
                       help="a fleet of emulated boards in Flower's simulation engine, non-IID shards of a data set")
@@ -37,12 +39,12 @@ def add_arguments(sub, formatter_class):
     s.add_argument("--boards", default="unix,unix,unix,qemu",
                    help="the emulated boards, comma-separated: unix (MicroPython's unix port on a pty) or qemu "
                    "(MPS2_AN500 on a serial pty)")
-    s.add_argument("--rounds", type=int, default=5, help="federated rounds")
+    s.add_argument("--rounds", type=int, default=5, help="how many federated rounds")
     s.add_argument("--local-epochs", type=int, default=1, help="passes over its own samples per board per round")
     s.add_argument("--strategy", default="fedavg", help="flwr strategy (server.py lists them)")
     s.add_argument("--alpha", type=float, default=0.5, help="label skew: Dirichlet alpha of the split (smaller: "
                    "fewer classes per board)")
-    s.add_argument("--split-seed", type=int, default=0, help="seed of the split")
+    s.add_argument("--split-seed", type=int, default=0, help="the seed of the split")
     s.add_argument("--seed", type=int, default=0, help="seed of the boards' shuffles")
     s.add_argument("--round-timeout", type=float, default=600.0, help="seconds a round waits for its boards")
     s.add_argument("--onnx", help="the model the plan was compiled from: OUT/trained.onnx gets the global model")
@@ -68,8 +70,8 @@ def add_arguments(sub, formatter_class):
     a.add_argument("--plan", required=True, help="the plan the boards run (read by the ServerApp on the SuperLink's host)")
     a.add_argument("--test-data", default="", help=".npz held out on the server's host for the global accuracy")
     a.add_argument("--onnx", default="", help="the model the plan was compiled from (trained.onnx at the end)")
-    a.add_argument("--rounds", type=int, default=5)
-    a.add_argument("--local-epochs", type=int, default=1)
+    a.add_argument("--rounds", type=int, default=5, help="how many federated rounds")
+    a.add_argument("--local-epochs", type=int, default=1, help="passes over its own samples per board per round")
     a.add_argument("--min-boards", type=int, default=2, help="min-available-nodes: boards a round waits for")
     a.add_argument("-o", "--out", default="fleet-out", help="the server's checkpoint directory")
     a.set_defaults(func=_app)

@@ -119,6 +119,7 @@ class Fleet:
         self.history = []
         self.rounds = {}        # round -> facts gathered by the strategy wrapper
         self.offset = 0         # rounds done before a resume
+        self.ports_of = {}      # Flower node id -> the board's port, from its replies
         self.say = say
 
     def initial(self):
@@ -172,7 +173,7 @@ class Fleet:
         if server_round:
             line += " (%d of %d boards averaged%s; %.1f s; link %d B out, %d B in)" % (
                 len(facts.get("accepted", [])), facts.get("sampled", 0),
-                "".join("; %s left out: %s" % (k, v) for k, v in sorted(facts.get("left_out", {}).items())),
+                "; %d left out" % len(facts["left_out"]) if facts.get("left_out") else "",
                 facts.get("seconds", 0.0), facts.get("bytes_out", 0), facts.get("bytes_in", 0))
         self.say(line)
         return acc
@@ -207,7 +208,8 @@ def wrap(inner, fleet):
 
         def configure_train(self, server_round, arrays, config, grid):
             msgs = list(inner.configure_train(server_round, arrays, config, grid))
-            fleet.rounds[server_round] = {"sampled": len(msgs), "started": time.monotonic()}
+            fleet.rounds[server_round] = {"sampled": len(msgs), "started": time.monotonic(),
+                                          "asked": [m.metadata.dst_node_id for m in msgs]}
             return msgs
 
         def aggregate_train(self, server_round, replies):
@@ -215,6 +217,9 @@ def wrap(inner, fleet):
             facts = fleet.rounds.setdefault(server_round, {"sampled": 0, "started": time.monotonic()})
             accepted, left_out, nodes = [], {}, {}
             bytes_out = bytes_in = 0
+            replies = list(replies)
+            for node in set(facts.pop("asked", [])) - {m.metadata.src_node_id for m in replies}:
+                left_out[str(node)] = "no reply within the round's timeout (%g s)" % fleet.cfg["round-timeout"]
             for msg in replies:
                 node = msg.metadata.src_node_id
                 if msg.has_error():
@@ -223,7 +228,11 @@ def wrap(inner, fleet):
                 c = msg.content
                 info = dict(c["fleet"]) if "fleet" in c.config_records else {}
                 why = None
-                if int(info.get("plan-crc", -1)) != fleet.layout.crc:
+                if info.get("port"):
+                    fleet.ports_of[str(node)] = info["port"]
+                if info.get("error"):
+                    why = info["error"]
+                elif int(info.get("plan-crc", -1)) != fleet.layout.crc:
                     why = ("refused: the board runs plan %08x, the fleet plan %08x"
                            % (int(info.get("plan-crc", 0)) & 0xFFFFFFFF, fleet.layout.crc))
                 else:
@@ -244,9 +253,11 @@ def wrap(inner, fleet):
                 m = dict(c["metrics"]) if "metrics" in c.metric_records else {}
                 nodes[str(node)] = {"port": info.get("port"), "samples": m.get("num-examples"),
                                     "loss": m.get("train-loss"), "accuracy": m.get("train-accuracy"),
-                                    "seconds": info.get("seconds"), "recoveries": info.get("recoveries", 0)}
-            for node, why in left_out.items():
-                fleet.say("round %d: board %s left out: %s" % (server_round + fleet.offset, node, why))
+                                    "seconds": info.get("seconds"), "recoveries": info.get("recoveries", 0),
+                                    "resumed_at": list(info.get("resumed-at", []))}
+            left_out = {fleet.ports_of.get(k, "node %s" % k): v for k, v in left_out.items()}
+            for who, why in left_out.items():
+                fleet.say("round %d: the board on %s left out: %s" % (server_round + fleet.offset, who, why))
             arrays, metrics = (None, None)
             if accepted:
                 arrays, metrics = inner.aggregate_train(server_round, accepted)
@@ -273,15 +284,15 @@ def wrap(inner, fleet):
 
 
 def _reason(reason):
-    """A ClientApp's exception as Flower reports it, without its wrapping: the one line that says why."""
-    text = str(reason)
-    for mark in ("PlanMismatch", "RoundTimeout", "LinkError", "BoardReset", "NoDevice", "DataError", "DeviceError"):
-        i = text.find(mark)
-        if i >= 0:
-            text = text[i:]
-            break
-    text = text.replace("\\n", "\n").strip().splitlines()
-    return text[-1].strip(" '\">)") if text else str(reason)
+    """A ClientApp's exception as Flower reports it ("<class ...>:<'Exception ClientAppException occurred.
+    Message: ...'>"), without its wrapping: the exception's own one line, which says why and what to do."""
+    text = str(reason).strip()
+    if text.endswith("'>"):
+        text = text[:-2]
+    if "Message:" in text:
+        text = text.rsplit("Message:", 1)[1]
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else str(reason)
 
 
 def run(grid, context_config, strategy=None, say=print):

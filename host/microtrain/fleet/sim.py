@@ -12,6 +12,7 @@ The emulators run in this process's children (microtrain.device.emulated: each d
 the process that started it); Flower's workers only open their ports."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -52,7 +53,8 @@ def describe_shards(y, shards, n_classes):
 
 
 class EmulatedFleet:
-    """Emulated boards of the given kinds ("unix", "qemu"), started together, stopped together."""
+    """Emulated boards of the given kinds ("unix", "qemu"), started together, stopped together.
+    A unix-port board soft-resets on a Ctrl-D at its REPL as a board does (it would exit)."""
 
     def __init__(self, kinds, firmware=None, micropypath=None):
         from ..device.emulated import QemuBoard, UnixBoard
@@ -63,7 +65,7 @@ class EmulatedFleet:
                 raise ValueError("board kind %r: the emulated fleet has %s" % (k, ", ".join(sorted(FIRMWARE))))
             if not os.path.exists(fw[k]):
                 raise FileNotFoundError("no %s firmware at %s: build it with `make firmware-test`" % (k, fw[k]))
-        self.boards = [UnixBoard(fw[k], micropypath=micropypath) if k == "unix" else QemuBoard(fw[k])
+        self.boards = [UnixBoard(fw[k], micropypath=micropypath, soft_reset=True) if k == "unix" else QemuBoard(fw[k])
                        for k in self.kinds]
 
     def __enter__(self):
@@ -112,7 +114,8 @@ def _crc(plan):
 
 def simulate(ports, run_config, strategy=None, say=print, verbose=False):
     """Run the fleet's ServerApp and one board ClientApp per port in Flower's simulation
-    engine (Ray: a worker per board); returns the server's Fleet (history, checkpoints)."""
+    engine (Ray: a worker per board); returns the server's Fleet (history, checkpoints).
+    ports: a list, or a JSON file of one that the ClientApps read at each message."""
     import logging
     import warnings
     from flwr.simulation import run_simulation
@@ -120,12 +123,18 @@ def simulate(ports, run_config, strategy=None, say=print, verbose=False):
     from .server import server_app
     done = {}
     app = server_app(run_config, strategy=strategy, say=say, on_done=lambda f: done.setdefault("fleet", f))
-    n = len(ports)
+    if isinstance(ports, str):
+        with open(ports) as f:
+            n = len(json.load(f))
+    else:
+        n = len(ports)
     if not verbose:
-        logging.getLogger("flwr").setLevel(logging.ERROR)
+        # a board left out of a round is one line of the fleet's own; Flower would add its traceback
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_simulation(server_app=app, client_app=client_app(list(ports)), num_supernodes=n,
+        run_simulation(server_app=app, client_app=client_app(ports if isinstance(ports, str) else list(ports)),
+                       num_supernodes=n,
                        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                        "init_args": {"num_cpus": n, "logging_level": "ERROR",
                                                      "log_to_driver": bool(verbose)}})

@@ -136,7 +136,7 @@ def apply(s, p):
             t.set_params({name: mv[off:off + 4 * n]})
             off += 4 * n
         else:
-            sc = array("f", mv[off:off + 4 * ch])
+            sc = array("f", bytes(mv[off:off + 4 * ch]))    # bytes: MicroPython copies those raw
             scales += mv[off:off + 4 * ch]
             codes = mv[off + 4 * ch:off + 4 * ch + n]
             v = array("f", bytes(4 * n))
@@ -243,7 +243,7 @@ def params(s, p):
         if enc == "f4":
             out.append((name, bytes(v)))
         else:
-            sc = array("f", sc_all[soff:soff + 4 * ch])
+            sc = array("f", bytes(sc_all[soff:soff + 4 * ch]))
             soff += 4 * ch
             codes = bytearray(n)            # the host has the scales: the codes alone go back
             for i in range(n):
