@@ -182,23 +182,15 @@ def local_train(s, p):
     mv = memoryview(buf)
     x = mv[:nx]
     ytarget = mv[nx:]
-    accuracy = flags & P.TRAIN_ACCURACY and s.ce
-    out, lo = s.out, s.loss_out
-    s.params = None
-    total, correct = 0.0, 0
-    with open(S.PATH, "rb") as f:
+
+    def records(f):         # the round's samples in its order, read one at a time into buf
         for k in range(start + skip, start + count):
             f.seek(S.HEAD_LEN + order.record(k) * rec)
             f.readinto(buf)
-            y = struct.unpack_from("<i", buf, nx)[0] if s.ce else ytarget
-            if accuracy:
-                t.predict(x, out)
-                if _argmax(out) == y:
-                    correct += 1
-            t.step(x, y, lo)
-            total += lo[0]
-            s.samples += 1
-    return struct.pack(P.TRAIN_REPLY, s.samples, count - skip, correct, total, gc.mem_free())
+            yield x, (struct.unpack_from("<i", buf, nx)[0] if s.ce else ytarget)
+
+    with open(S.PATH, "rb") as f:
+        return s.train_samples(t, records(f), count - skip, flags & P.TRAIN_ACCURACY)
 
 
 def local_eval(s, p):

@@ -357,13 +357,18 @@ class Server:
         xs = p[8:8 + count * nx]
         ys = p[8 + count * nx:]
         labels = struct.unpack_from("<%di" % count, ys, 0) if self.ce else None
-        accuracy = flags & P.TRAIN_ACCURACY and self.ce
+        return self.train_samples(t, ((xs[i * nx:(i + 1) * nx], labels[i] if self.ce else ys[i * ny:(i + 1) * ny])
+                                      for i in range(skip, count)), count - skip, flags & P.TRAIN_ACCURACY)
+
+    def train_samples(self, t, samples, count, accuracy):
+        """Train the `count` (x, y) pairs of `samples` one at a time, each predicted first if
+        accuracy is asked for (a cross-entropy plan), counted in self.samples; TRAIN's reply.
+        TRAIN's samples come in its frame, a federated round's from the board's store."""
+        accuracy = accuracy and self.ce
         out, lo = self.out, self.loss_out
         self.params = None
         total, correct = 0.0, 0
-        for i in range(skip, count):
-            x = xs[i * nx:(i + 1) * nx]
-            y = labels[i] if self.ce else ys[i * ny:(i + 1) * ny]
+        for x, y in samples:
             if accuracy:
                 t.predict(x, out)
                 if _argmax(out) == y:
@@ -371,7 +376,7 @@ class Server:
             t.step(x, y, lo)
             total += lo[0]
             self.samples += 1
-        return struct.pack(P.TRAIN_REPLY, self.samples, count - skip, correct, total, gc.mem_free())
+        return struct.pack(P.TRAIN_REPLY, self.samples, count, correct, total, gc.mem_free())
 
     def predict(self, p):
         t = self.trainer()
