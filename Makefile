@@ -16,7 +16,7 @@ SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name
 DEMO_PLAN := build/digits.mtp
 
 .PHONY: all demo test test-slow test-all test-host venv venv-firmware native header clean distclean bench rp2040js \
-	boards-table serial-demo fuzz
+	boards-table serial-demo fuzz fleet-demo
 
 all: native
 
@@ -24,7 +24,7 @@ all: native
 MICROTRAIN_FIRMWARE_PY_DEPS := $(VENV)/.installed-firmware
 include firmware/micropython.mk
 
-$(STAMP): requirements.txt requirements-test.txt host/pyproject.toml host/setup.py
+$(STAMP): requirements.txt requirements-test.txt requirements-fleet.txt host/pyproject.toml host/setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-test.txt
@@ -78,6 +78,18 @@ serial-demo: native firmware-$(SERIAL_DEMO_PROFILE) $(if $(filter pico,$(SERIAL_
 	    $(PY) -m microtrain train --port $$PORT --data examples/digits_user.npz --epochs 3 --checkpoint-every 100 && \
 	    $(PY) -m microtrain eval --port $$PORT --data examples/digits_user.npz && \
 	    $(PY) -m microtrain pull --port $$PORT --onnx examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits_trained.onnx'
+
+# A fleet learning together (docs/fleet.md): 4 emulated boards (3 unix-port boards and the qemu
+# MPS2_AN500 on a serial pty), each with a label-skewed share of the digits adaptation data in its
+# own sample store, train the digits CNN's last layer in Flower's simulation engine; per-round
+# global accuracy on the held-out set, then each board alone on its share for comparison.
+FLEET_DEMO := build/fleet-demo
+FLEET_DEMO_ROUNDS ?= 5
+fleet-demo: native firmware-test
+	@mkdir -p $(FLEET_DEMO)
+	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(FLEET_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
+	$(PY) -m microtrain fleet simulate $(FLEET_DEMO)/digits.mtp --data examples/digits_user.npz --boards unix,unix,unix,qemu \
+	    --rounds $(FLEET_DEMO_ROUNDS) --onnx examples/digits_cnn.onnx -o $(FLEET_DEMO)
 
 # The tests in tiers (README.md, Tests; the markers in tests/conftest.py). pytest-xdist runs
 # them on every core; a device target's scripts stay on one worker (one boot: xdist_group).

@@ -1,7 +1,7 @@
 """Suite-wide rules (README.md, Tests).
 
 Layout: one folder per area (compiler/, core/, conformance/, int8/, sparse/, device/, serial/,
-cli/, bench/, suite/); the helpers the areas share in support/. Every folder is on sys.path,
+cli/, bench/, fleet/, suite/); the helpers the areas share in support/. Every folder is on sys.path,
 so a test imports a helper (`import models`) or another area's test module by its name.
 
 Markers (registered here, listed in the README):

@@ -417,6 +417,8 @@ def parser():
     f.set_defaults(func=_flash)
     from .device.commands import add_arguments as add_board_commands
     add_board_commands(sub, fmt)     # deploy, train, eval, pull: microtrain.device.commands
+    from .fleet.commands import add_arguments as add_fleet_commands
+    add_fleet_commands(sub, fmt)     # fleet: federated training on Flower, microtrain.fleet.commands
     return p
 
 

@@ -119,9 +119,14 @@ def test_version_and_help(files):
         microtrain.__version__, F.VERSION)
     from microtrain.cli import parser
     subs = next(a for a in parser()._actions if a.dest == "cmd").choices
-    assert set(subs) == {"compile", "report", "simulate", "export", "boards", "flash", "deploy", "train", "eval", "pull", "romfs"}
-    for cmd, sub in subs.items():
-        text = " ".join(run(cmd, "--help").stdout.split())
+    assert set(subs) == {"compile", "report", "simulate", "export", "boards", "flash", "deploy", "train", "eval", "pull", "romfs",
+                         "fleet"}
+    # each command's and each fleet command's options
+    cmds = [((cmd,), sub) for cmd, sub in subs.items()]
+    cmds += [(("fleet", cmd), sub) for cmd, sub in next(a for a in subs["fleet"]._actions
+                                                         if a.dest == "fleet_cmd").choices.items()]
+    for cmd, sub in cmds:
+        text = " ".join(run(*cmd, "--help").stdout.split())
         for action in sub._actions:
             if action.dest == "help":
                 continue

@@ -316,18 +316,39 @@ class UnixBoard(_Emulated):
     """The unix port on a raw pty; the board's filesystem is `workdir`. MICROPYPATH
     may put a development copy of the microtrain package before the frozen one."""
 
-    def __init__(self, firmware, workdir=None, micropypath=None, heapsize=None):
+    def __init__(self, firmware, workdir=None, micropypath=None, heapsize=None, soft_reset=False):
+        """soft_reset: a Ctrl-D at the REPL's empty line (which ends the unix port, exit status 0)
+        starts MicroPython again on the same files, as a board soft-resets: a host that resends
+        a binary frame to a board that has just restarted must not switch it off."""
         if not os.path.exists(firmware):
             raise FileNotFoundError("no firmware at %s: build it with `make firmware-unix`" % firmware)
         self.firmware = os.path.abspath(firmware)
         self.workdir = workdir or tempfile.mkdtemp(prefix="mt-unix-")
         self.micropypath = micropypath
         self.heapsize = heapsize
+        self.soft_reset = soft_reset
+        self.soft_resets = 0
         self.proc = None
         self.master = None
         self._bridge = None
+        self._lock = threading.RLock()
+
+    def _restart_on_exit(self, proc):
+        # the MicroPython it starts lives as long as this thread (setpriv --pdeathsig is the
+        # parent thread's), so it waits on that one in turn
+        while proc.wait() == 0:     # else killed (power cut, close) or crashed: it stays off
+            with self._lock:
+                if self.proc is not proc:
+                    return
+                self.soft_resets += 1
+                self._start(watch=False)
+                proc = self.proc
 
     def start(self):
+        with self._lock:
+            return self._start()
+
+    def _start(self, watch=True):
         self.stop()
         master, slave = os.openpty()
         # MicroPython runs code in the terminal mode it found at start: raw, so
@@ -346,16 +367,23 @@ class UnixBoard(_Emulated):
         else:
             self._bridge.attach(self)
         self.port = self._bridge.port
+        if self.soft_reset and watch:
+            threading.Thread(target=self._restart_on_exit, args=(self.proc,), daemon=True).start()
         return self.port
 
     def board_fd(self):
         return self.master
 
     def reset(self):
-        self.power_cut()
-        self.start()
+        with self._lock:
+            self.power_cut()
+            self.start()
 
     def power_cut(self):
+        with self._lock:
+            self._power_cut()
+
+    def _power_cut(self):
         if self._bridge is not None:
             self._bridge.attach(None)
         self._kill()

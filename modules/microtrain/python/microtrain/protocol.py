@@ -53,6 +53,14 @@ PARAMS = 0x4D           # 'M' -> JSON [[name, bytes, typecode], ...]
 PARAM_READ = 0x47       # 'G' PARAM_READ_HEAD -> bytes
 QUIT = 0x51             # 'Q' -> JSON {}; the server returns to the REPL
 FETCH = 0x58            # 'X' FETCH_HEAD -> bytes of the last long answer
+# federated rounds (`microtrain fleet`, docs/fleet.md): the board trains on its own stored
+# samples (samples.py); only the plan's trainable values cross the link
+FED_BEGIN = 0x4F        # 'O' JSON {run, seed, epochs, steps, train, params, crc} -> JSON {run, samples, have, stored, total}
+FED_WRITE = 0x57        # 'W' FED_WRITE_HEAD + bytes of the round's values -> u32 bytes received
+FED_APPLY = 0x41        # 'A' -> JSON {run, samples}: the values set, the optimizer cleared, checkpointed
+LOCAL_TRAIN = 0x4A      # 'J' TRAIN_HEAD (no samples follow) -> TRAIN_REPLY: trains stored samples
+LOCAL_EVAL = 0x55       # 'U' LOCAL_EVAL_HEAD -> EVAL_REPLY over the stored samples start..start+count-1
+FED_PARAMS = 0x4E       # 'N' -> JSON [[name, bytes], ...]: the values in the round's encodings, for PARAM_READ
 
 # flags
 FLAG_ACK = 0x01         # the board sends ACK as soon as the frame checks out
@@ -72,6 +80,8 @@ PLAN_DATA_HEAD = "<I"   # offset
 PARAM_READ_HEAD = "<HIH"  # parameter index, byte offset, byte count
 PLAN_READ_HEAD = "<IH"  # byte offset, byte count
 FETCH_HEAD = "<IH"      # byte offset, byte count
+FED_WRITE_HEAD = "<I"   # byte offset into the round's values (all parameters, in FED_BEGIN's order)
+LOCAL_EVAL_HEAD = "<IH"  # first stored sample, count
 
 
 def reply_limit(flags):
@@ -82,7 +92,9 @@ def reply_limit(flags):
 NAMES = {ACK: "ACK", NAK: "NAK", ERROR: "ERROR", HELLO: "HELLO", INFO: "INFO",
          PLAN_BEGIN: "PLAN_BEGIN", PLAN_DATA: "PLAN_DATA", PLAN_END: "PLAN_END", PLAN_READ: "PLAN_READ", RUN: "RUN",
          TRAIN: "TRAIN", PREDICT: "PREDICT", EVALUATE: "EVALUATE", SAVE: "SAVE",
-         RESTORE: "RESTORE", PARAMS: "PARAMS", PARAM_READ: "PARAM_READ", QUIT: "QUIT", FETCH: "FETCH"}
+         RESTORE: "RESTORE", PARAMS: "PARAMS", PARAM_READ: "PARAM_READ", QUIT: "QUIT", FETCH: "FETCH",
+         FED_BEGIN: "FED_BEGIN", FED_WRITE: "FED_WRITE", FED_APPLY: "FED_APPLY", LOCAL_TRAIN: "LOCAL_TRAIN",
+         LOCAL_EVAL: "LOCAL_EVAL", FED_PARAMS: "FED_PARAMS"}
 
 
 def frame_crc(head, payload):

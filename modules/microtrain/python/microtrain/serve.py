@@ -35,6 +35,7 @@ PLAN_PATH = DIR + "/plan.mtp"
 ROM_PLAN_PATH = "/rom/plan.mtp"   # `microtrain deploy --romfs`: used when mt/plan.mtp is absent
 PLAN_NEW = DIR + "/plan.new"
 CKPT_PATH = DIR + "/ckpt.bin"
+FED_ROUND_PATH = DIR + "/round.bin"     # fedround.ROUND_PATH
 QUIET_MS = 15           # no byte for this long: the line is quiet (the frame has ended)
 TAIL = 16               # a frame's last bytes are read one by one (see read_exact)
 
@@ -91,6 +92,7 @@ class Server:
         self.samples = 0                # samples of that run trained into the state
         self.params = None              # parameter copies for PARAM_READ, until the next step
         self.upload = None              # plan upload in progress: [file, bytes written, size, crc]
+        self.stage = None               # a federated round's values on their way (fedround.py)
         self.load_plan()
 
     # ---- plan and state ----
@@ -131,6 +133,10 @@ class Server:
             meta = None
         if meta is not None and meta.get("plan_crc") == self.plan_crc:
             self.run, self.samples = meta["run"], meta["samples"]
+        self.fed = None
+        if _exists(FED_ROUND_PATH):              # a federated round (fedround.py) to carry on
+            from . import fedround
+            fedround.restore(self)
 
     def trainer(self):
         if self.t is None:
@@ -351,13 +357,18 @@ class Server:
         xs = p[8:8 + count * nx]
         ys = p[8 + count * nx:]
         labels = struct.unpack_from("<%di" % count, ys, 0) if self.ce else None
-        accuracy = flags & P.TRAIN_ACCURACY and self.ce
+        return self.train_samples(t, ((xs[i * nx:(i + 1) * nx], labels[i] if self.ce else ys[i * ny:(i + 1) * ny])
+                                      for i in range(skip, count)), count - skip, flags & P.TRAIN_ACCURACY)
+
+    def train_samples(self, t, samples, count, accuracy):
+        """Train the `count` (x, y) pairs of `samples` one at a time, each predicted first if
+        accuracy is asked for (a cross-entropy plan), counted in self.samples; TRAIN's reply.
+        TRAIN's samples come in its frame, a federated round's from the board's store."""
+        accuracy = accuracy and self.ce
         out, lo = self.out, self.loss_out
         self.params = None
         total, correct = 0.0, 0
-        for i in range(skip, count):
-            x = xs[i * nx:(i + 1) * nx]
-            y = labels[i] if self.ce else ys[i * ny:(i + 1) * ny]
+        for x, y in samples:
             if accuracy:
                 t.predict(x, out)
                 if _argmax(out) == y:
@@ -365,7 +376,7 @@ class Server:
             t.step(x, y, lo)
             total += lo[0]
             self.samples += 1
-        return struct.pack(P.TRAIN_REPLY, self.samples, count - skip, correct, total, gc.mem_free())
+        return struct.pack(P.TRAIN_REPLY, self.samples, count, correct, total, gc.mem_free())
 
     def predict(self, p):
         t = self.trainer()
@@ -449,6 +460,19 @@ HANDLERS = {
     P.SAVE: Server.save, P.RESTORE: Server.restore, P.PARAMS: Server.list_params,
     P.PARAM_READ: Server.param_read, P.QUIT: Server.quit, P.FETCH: Server.fetch,
 }
+
+
+def _fed(name):
+    """A federated round's command (fedround.py), imported on first use."""
+    def handler(server, p):
+        from . import fedround
+        return getattr(fedround, name)(server, p)
+    return handler
+
+
+HANDLERS.update({P.FED_BEGIN: _fed("begin"), P.FED_WRITE: _fed("write"), P.FED_APPLY: _fed("apply"),
+                 P.LOCAL_TRAIN: _fed("local_train"), P.LOCAL_EVAL: _fed("local_eval"),
+                 P.FED_PARAMS: _fed("params")})
 
 
 def _need_filesystem():

@@ -1,0 +1,1 @@
+../../../modules/microtrain/python/microtrain/samples.py
