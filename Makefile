@@ -122,7 +122,7 @@ test-host: native
 # simulator vs PyTorch time. Writes bench/results.json and docs/performance.md; see
 # benchmarks/bench.py. Counts run on the boards' test firmware, and plans too big for its
 # heap (MCUNet) on a second build of the same board with a bigger heap.
-BENCH_BOARDS ?= mps2_an500 mps2_an385 virt_rv32
+BENCH_BOARDS ?= mps2_an500 mps2_an386 mps2_an385 virt_rv32
 BENCH_HEAP ?= 2097152
 # VIRT_RV32's linker script (ports/qemu/mcu/rv32/virt.ld) gives .data and .bss, the heap
 # among them, 2 MB in all

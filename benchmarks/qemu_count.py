@@ -54,7 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # and its -icount shift, and the RAM where the blob goes (unused by the firmware). The MPS2
 # FPGA images share the CMSDK peripheral map (timer 0 at 0x40000000, dual timer at
 # 0x40002000), their image, heap and stack live in the 4 MB SSRAM at 0, and qemu gives them
-# 16 MB more RAM, at 0x60000000 on AN500 and at 0x21000000 on AN385 (`info mtree` in the qemu
+# 16 MB more RAM, at 0x60000000 on AN500 and at 0x21000000 on AN385 and AN386 (`info mtree` in the qemu
 # monitor). virt's RAM is at 0x80000000 (128 MB by default), the firmware in its first 6.1 MB
 # (ports/qemu/mcu/rv32/virt.ld). A board whose blob address is not RAM would read zeros: the
 # script checks a magic word first.
@@ -63,6 +63,9 @@ BOARDS = {
                        shift=SHIFT, timer_hz=25_000_000, fine=0x40000000, coarse=0x40002000,
                        blob=0x60000000, blob_max=16 << 20),
     "MPS2_AN385": dict(machine="mps2-an385", core="Cortex-M3", fpu="soft float", counter="cmsdk",
+                       shift=SHIFT, timer_hz=25_000_000, fine=0x40000000, coarse=0x40002000,
+                       blob=0x21000000, blob_max=16 << 20),
+    "MPS2_AN386": dict(machine="mps2-an386", core="Cortex-M4", fpu="single-precision FPU", counter="cmsdk",
                        shift=SHIFT, timer_hz=25_000_000, fine=0x40000000, coarse=0x40002000,
                        blob=0x21000000, blob_max=16 << 20),
     "VIRT_RV32": dict(machine="virt", core="RV32IMAC", fpu="soft float",
