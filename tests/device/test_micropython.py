@@ -316,7 +316,7 @@ def data_board_fit():
     r = plan.report()
     need = {}
     for word, name in ((4, "rpi_pico"), (8, "unix")):
-        parts = boards.ram_needed(r, boards.load_board(name), plan_in_ram_=False)
+        parts = boards.ram_needed(r, boards.load_board(name), "in place")
         need[word] = parts["ram_bytes"] + parts["trainer"]
     return dict(PLAN=plan.data, NEED=need, GC_BLOCK=boards.GC_BLOCK_BYTES)
 
