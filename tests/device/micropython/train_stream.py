@@ -10,6 +10,8 @@
 #   PLAN, N, X, Y, STEPS, HOST_LOSSES, HOST_PARAMS, INIT  as train_pwdw_q8
 #   HEAD  bytes before the stream section     READ  bytes the host core read over the steps
 #   NEED  {word size: heap counted}           GROUP_AT  a byte of the first op group, in the file
+#
+# Last, x given as an open file (io.BytesIO of the samples): the Trainer reads each sample from it.
 import io
 import os
 import sys
@@ -76,3 +78,14 @@ b.seek(GROUP_AT)
 b.write(bytes([PLAN[GROUP_AT]]))
 t.step(xs[n:2 * n], Y[1])
 print("the file as it was: trains again", t.info()["steps"] == 2)
+
+# x read from an open file: each step takes the file's next sample straight into the arena
+t = microtrain.Trainer(io.BytesIO(PLAN))
+xf = io.BytesIO(bytes(array("f", X)))
+losses = array("f", [t.step(xf, Y[k]) for k in range(N)])
+print("x from a file: losses bit for bit", same(losses, HOST_LOSSES[:4 * N]))
+try:
+    t.step(xf, Y[0])
+    print("x past the end: no error")
+except ValueError:
+    print("x past the end: ValueError")
