@@ -181,3 +181,31 @@ def test_bad_group_records_are_refused(paths, field, value):
     for stream in (None, True):
         with pytest.raises(PlanError, match="invalid stream group record"):
             Core(bad, stream=stream)
+
+
+def test_mcunet_49kb_streamed_fits_the_pico_and_trains_alike():
+    """MCUNet-5fps with MIT's 49kb scheme (int8 frozen part): whole in RAM it needs over 670 KB of the
+    Pico's heap (the plan itself is 575 KB); streamed, under 150 KB, and by its head it computes
+    the resident plan's losses and parameters bit for bit over 3 steps."""
+    from microtrain import boards
+    from tte_parity import tte
+    path, opts = tte("mcunet-5fps", "49kb")
+    opts["momentum"] = 0.0   # as benchmarks/pico_romfs.py runs it on the Pico (issue 28's figures)
+    resident = microtrain.compile(path, **opts)
+    streamed = microtrain.compile(path, stream=True, **opts)
+    pico = boards.load_board("rpi_pico")
+    r = streamed.report()
+    assert boards.placement(r, pico) == "streamed" and boards.placement(resident.report(), pico) == "in RAM"
+    need = sum(boards.ram_needed(r, pico).values())
+    assert need < 150 * 1024 < 670 * 1024 < sum(boards.ram_needed(resident.report(), pico).values())
+    assert boards.check(r, pico)   # fits, with its notes
+    xs = np.random.default_rng(5).integers(0, 256, (STEPS, 1, 3, 128, 128)).astype(np.uint8)
+    ys = [3, 7, 1]
+
+    def steps(core):
+        return [np.float32(core.step_label(x, y)).tobytes() for x, y in zip(xs, ys)] + \
+            [core.param(n).tobytes() for n in core.param_names]
+
+    core = Core(streamed.data, stream=True)
+    assert steps(core) == steps(Core(resident.data))
+    assert core.info()["stream_read_bytes"] >= STEPS * r["read_per_step"]
