@@ -62,6 +62,7 @@ class Case:
         self.id, self.model, self.update, self.has_baseline = cid, model, update, has_baseline
         self.onnx = bench_models.load(source)
         opts = dict(options or {})
+        self.from_file = opts.pop("from_file", False)   # the board opens the plan as a file (stream_count.py)
         # with options (int8, a channel-sparse scheme) the plan is not the float model PyTorch trains here:
         # no PyTorch time or first-loss check for it
         self.float_model = not opts
@@ -146,7 +147,7 @@ def host_speed(case):
 
 def device_script(board, cases, baseline_cases, blob):
     """The script the board runs, with its data, and the blob it reads."""
-    rows = [(c.id, blob.add(c.plan.data), c.device_input(blob), c.label, c.n_out, c.reps) for c in cases]
+    rows = [(c.id, blob.add(c.plan.data), c.device_input(blob), c.label, c.n_out, c.reps, c.from_file) for c in cases]
     baselines = []
     for c in baseline_cases:
         w = {t.name: numpy_helper.to_array(t).reshape(-1) for t in c.onnx.graph.initializer}
@@ -183,6 +184,9 @@ def count_on(board, firmware, cases, baseline_cases, verbose):
     for (cid, what), v in counts.items():
         if cid != "-":
             result.setdefault(cid, {})[what] = int(statistics.median(v)) - overhead
+    for (cid, what), v in values.items():   # bytes a plan opened as a file read from it (stream_count.py)
+        if what == "stream_read_bytes" and v:
+            result.setdefault(cid, {})[what] = int(v)
     print("%s: %d windows counted in %.0f s (the two timer reads themselves: %d instructions, subtracted)"
           % (os.path.relpath(firmware, ROOT), sum(len(v) for v in counts.values()), time.monotonic() - t0, overhead))
     return result, {"%s %s" % k: v for k, v in counts.items()}
