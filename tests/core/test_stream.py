@@ -104,15 +104,17 @@ class Changed(PlanFile):
         return d[offset:offset + n]
 
 
-def op_group(plan):
-    """The stream offset and size of the first group a training step reads."""
-    g = next(g for g in plan.groups if g["first_op"] != F.RESET_GROUP)
+def op_group(plan, which):
+    """The file offset and size of the first or the last group a training step reads (the last: of a
+    backward op where the plan has one, after ops that compute gradients)."""
+    g = [g for g in plan.groups if g["first_op"] != F.RESET_GROUP][0 if which == "first" else -1]
     return plan.header["stream_off"] + g["lo"], g["bytes"]
 
 
+@pytest.mark.parametrize("which", ["first", "last"])
 @pytest.mark.parametrize("fault", ["changed byte", "truncated", "read error"])
 @pytest.mark.parametrize("case", ["cnn last-layer", "mb int8 split"])
-def test_a_group_that_reads_otherwise_fails_the_step_and_updates_nothing(paths, case, fault):
+def test_a_group_that_reads_otherwise_fails_the_step_and_updates_nothing(paths, case, fault, which):
     model, kw = CASES[case]
     plan = microtrain.compile(paths[model], stream=True, **kw)
     xs, ys = data(input_shape(plan))
@@ -120,7 +122,9 @@ def test_a_group_that_reads_otherwise_fails_the_step_and_updates_nothing(paths, 
     core = Core(plan.data, stream=f)
     core.step_label(xs[0], int(ys[0]))
     before = [core.param(n).tobytes() for n in core.param_names], core.steps
-    at, n = op_group(plan)
+    at, n = op_group(plan, which)
+    if which == "last" and case == "mb int8 split":   # a backward op's: the expansion block's trains before it
+        assert plan.ops[[g for g in plan.groups if g["first_op"] != F.RESET_GROUP][-1]["first_op"]]["phase"] == "TRAIN"
     if fault == "changed byte":
         later = bytearray(plan.data)
         later[at + n // 2] ^= 0x10
