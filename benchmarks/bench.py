@@ -180,13 +180,11 @@ def count_on(board, firmware, cases, baseline_cases, verbose):
         want, got = c.expect[what], values.get((c.id, what))
         if got is None or not abs(got - want) <= TOL * max(1.0, abs(want)):
             raise RuntimeError("%s on %s: %s is %r, the host simulator says %r" % (c.id, board, what, got, want))
-    result = {}
+    # with the bytes a plan opened as a file read from it (stream_count.py)
+    result = {cid: {what: int(v)} for (cid, what), v in values.items() if what == "stream_read_bytes" and v}
     for (cid, what), v in counts.items():
         if cid != "-":
             result.setdefault(cid, {})[what] = int(statistics.median(v)) - overhead
-    for (cid, what), v in values.items():   # bytes a plan opened as a file read from it (stream_count.py)
-        if what == "stream_read_bytes" and v:
-            result.setdefault(cid, {})[what] = int(v)
     print("%s: %d windows counted in %.0f s (the two timer reads themselves: %d instructions, subtracted)"
           % (os.path.relpath(firmware, ROOT), sum(len(v) for v in counts.values()), time.monotonic() - t0, overhead))
     return result, {"%s %s" % k: v for k, v in counts.items()}

@@ -5,7 +5,6 @@
 # the host checks against its simulator, 'V <case> <what> <value>'.
 # Every window reads the timers the same way; the host subtracts the empty one.
 import gc
-import io
 import machine
 import uctypes
 import microtrain
@@ -50,6 +49,7 @@ def floats(where):
 def trainer_case(name, plan, x, label, n_out, reps, from_file=False):
     # from_file: a plan with a stream section opened as a file (an io.BytesIO of it in the heap, the
     # stream protocol a littlefs file has), its constants read a group at a time (benchmarks/stream_count.py)
+    import io
     t = microtrain.Trainer(io.BytesIO(blob(plan)) if from_file else blob(plan))
     xb = blob(x)
     lo = array("f", [0.0])
