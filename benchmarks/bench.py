@@ -62,6 +62,7 @@ class Case:
         self.id, self.model, self.update, self.has_baseline = cid, model, update, has_baseline
         self.onnx = bench_models.load(source)
         opts = dict(options or {})
+        self.from_file = opts.pop("from_file", False)   # the board opens the plan as a file (stream_count.py)
         # with options (int8, a channel-sparse scheme) the plan is not the float model PyTorch trains here:
         # no PyTorch time or first-loss check for it
         self.float_model = not opts
@@ -146,7 +147,7 @@ def host_speed(case):
 
 def device_script(board, cases, baseline_cases, blob):
     """The script the board runs, with its data, and the blob it reads."""
-    rows = [(c.id, blob.add(c.plan.data), c.device_input(blob), c.label, c.n_out, c.reps) for c in cases]
+    rows = [(c.id, blob.add(c.plan.data), c.device_input(blob), c.label, c.n_out, c.reps, c.from_file) for c in cases]
     baselines = []
     for c in baseline_cases:
         w = {t.name: numpy_helper.to_array(t).reshape(-1) for t in c.onnx.graph.initializer}
@@ -180,7 +181,8 @@ def count_on(board, firmware, cases, baseline_cases, verbose):
         want, got = c.expect[what], values.get((c.id, what))
         if got is None or not abs(got - want) <= TOL * max(1.0, abs(want)):
             raise RuntimeError("%s on %s: %s is %r, the host simulator says %r" % (c.id, board, what, got, want))
-    result = {}
+    # with the bytes a plan opened as a file read from it (stream_count.py)
+    result = {cid: {what: int(v)} for (cid, what), v in values.items() if what == "stream_read_bytes" and v}
     for (cid, what), v in counts.items():
         if cid != "-":
             result.setdefault(cid, {})[what] = int(statistics.median(v)) - overhead

@@ -23,8 +23,11 @@ def floats(where):
     return array("f", blob(where))
 
 
-def trainer_case(name, plan, x, label, n_out, reps):
-    t = microtrain.Trainer(blob(plan))
+def trainer_case(name, plan, x, label, n_out, reps, from_file=False):
+    # from_file: a plan with a stream section opened as a file (an io.BytesIO of it in the heap, the
+    # stream protocol a littlefs file has), its constants read a group at a time (benchmarks/stream_count.py)
+    import io
+    t = microtrain.Trainer(io.BytesIO(blob(plan)) if from_file else blob(plan))
     xb = blob(x)
     lo = array("f", [0.0])
     out = array("f", bytes(4 * n_out))
@@ -37,6 +40,7 @@ def trainer_case(name, plan, x, label, n_out, reps):
         gc.collect()
         show(name, "predict", w_call2(t.predict, xb, out))
     print("V", name, "out0", out[0])
+    print("V", name, "stream_read_bytes", t.info()["stream_read_bytes"])
 
 
 def baseline_case(name, w1, b1, w2, b2, x, label, lr, momentum, full, reps):

@@ -58,6 +58,8 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-o
 
 ffibuilder = FFI()
 ffibuilder.cdef(cdef_from_header())
+# the host's mt_read_fn for a plan loaded by its head (native.Core(..., stream=...)): Python reads the file
+ffibuilder.cdef('extern "Python" int mt_host_read(void *, uint32_t, void *, uint32_t);')
 ffibuilder.set_source(
     "microtrain._native",
     '#include "mt.h"',

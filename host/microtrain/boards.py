@@ -27,7 +27,7 @@ REQUIRED = ("name", "title", "status", "mcu", "core", "fpu", "sram_bytes", "flas
 # The Trainer object itself (struct with the core's context), measured with gc.mem_alloc()
 # around Trainer(plan) less ram_bytes; tests/device/micropython/board_fit.py checks the whole sum on
 # every device target.
-TRAINER_OBJECT_BYTES = {4: 304, 8: 416}
+TRAINER_OBJECT_BYTES = {4: 352, 8: 480}
 GC_BLOCK_BYTES = {4: 16, 8: 32}
 
 
@@ -94,26 +94,62 @@ def _round(n, word):
     return (n + b - 1) // b * b
 
 
+# Where a plan's constants live on a board (boards/README.md):
+#   in place  the plan in flash, read in place (ROMFS, or frozen bytes): what the firmware has ROMFS for
+#   streamed  the plan a file on the board's filesystem, its head in RAM, its constants read from the file
+#             a group at a time as the ops need them (a plan compiled with stream=True: its stream section)
+#   in RAM    the plan read into RAM whole (Trainer(path) of a plan without a stream section, or bytes)
+PLACEMENTS = ("in place", "streamed", "in RAM")
+# the open file a streamed Trainer keeps (the file object; littlefs's caches are the VFS's, allocated at mount):
+# an estimate, not yet measured on a board
+FILE_OBJECT_BYTES = {4: 96, 8: 144}
+
+
+def placement(report, board):
+    """Where the plan's constants live on the board: in place where its firmware has ROMFS, else streamed
+    from the plan's file if the plan has a stream section, else in RAM."""
+    if board["romfs"].get("available"):
+        return "in place"
+    return "streamed" if report.get("streamed") else "in RAM"
+
+
 def plan_in_ram(board):
     """A plan is read into RAM (open().read()) unless the board can keep it in flash on ROMFS."""
     return not board["romfs"].get("available")
 
 
-def ram_needed(report, board, plan_in_ram_=None):
-    """{part: bytes} of the heap a Trainer(plan) takes on this board, as boards/README.md explains."""
+def ram_needed(report, board, where=None):
+    """{part: bytes} of the heap a Trainer of the plan takes on this board with its constants `where`
+    (placement(), by default), as boards/README.md explains."""
     word = board["word_bytes"]
-    in_ram = plan_in_ram(board) if plan_in_ram_ is None else plan_in_ram_
-    parts = {"ram_bytes": _round(report["ram_bytes"], word),
-             "trainer": _round(TRAINER_OBJECT_BYTES[word], word),
-             "plan": _round(report["plan_bytes"], word) if in_ram else 0}
-    return parts
+    where = placement(report, board) if where is None else where
+    if where not in PLACEMENTS:
+        raise ValueError("placement %r: one of %s" % (where, ", ".join(PLACEMENTS)))
+    if where == "streamed":
+        return {"ram_bytes": _round(report["file_ram_bytes"] - report["head_bytes"], word),
+                "trainer": _round(TRAINER_OBJECT_BYTES[word], word),
+                "head": _round(report["head_bytes"], word),
+                "file": _round(FILE_OBJECT_BYTES[word], word)}
+    return {"ram_bytes": _round(report["ram_bytes"], word),
+            "trainer": _round(TRAINER_OBJECT_BYTES[word], word),
+            "plan": _round(report["plan_bytes"], word) if where == "in RAM" else 0}
+
+
+def wants_stream(report, board):
+    """compile --constants auto for a board: stream the constants from the plan's file unless the board keeps
+    the plan in flash (ROMFS) or the plan is small beside its heap (an eighth of it at most, whole in RAM
+    with room to spare, so that a fragmented heap still finds the block)."""
+    free, _ = free_heap(board)
+    if board["romfs"].get("available") or free is None:
+        return False
+    return report["plan_bytes"] > free // 8 or sum(ram_needed(report, board, "in RAM").values()) > free
 
 
 def _state_bytes(report, prefix):
     return sum(t["bytes"] for t in report["tensors"] if t["storage"] == "state" and t["name"].startswith(prefix))
 
 
-def _remedies(report, board, short, in_ram):
+def _remedies(report, board, short, where):
     """What would make the plan fit: (what, bytes saved or None)."""
     out = []
     acc = _state_bytes(report, "acc(")
@@ -124,16 +160,33 @@ def _remedies(report, board, short, in_ram):
         out.append(("--momentum 0 (drops the momentum buffers)", mom))
     if report["update"] not in ("last-layer", "bias"):
         out.append(("a sparser --update (last-layer, bias or last:K: fewer parameters and gradients)", None))
-    if in_ram and report["plan_bytes"]:
+    if where == "in RAM" and report["plan_bytes"]:
+        out.append(("--constants stream (the plan's constants read from its file as the ops need them, only "
+                    "its head in RAM)", None))
+    if where != "in place" and report["plan_bytes"]:
+        saves = report["plan_bytes"] if where == "in RAM" else report["head_bytes"] + report["context_bytes"]
         if board["romfs"].get("available"):
-            out.append(("the plan on ROMFS (read in place from flash)", report["plan_bytes"]))
+            out.append(("the plan on ROMFS (read in place from flash)", saves))
         else:
             out.append(("constants on ROMFS (a firmware with a ROMFS partition keeps the plan in flash; %s)"
-                        % board["romfs"].get("how", "not in this board's stock firmware"), report["plan_bytes"]))
-    if report["const_bytes"] and in_ram:
-        c = report["const_bytes"]
-        out.append(("int8 constants (4x smaller; not supported by this microtrain yet)", c - c // 4))
+                        % board["romfs"].get("how", "not in this board's stock firmware"), saves))
+    if report["const_bytes"] and where != "in place" and not report["const_int8_bytes"]:
+        # int8 constants: a quarter of the plan read into RAM, or of the windows streamed ones are read into
+        out.append(("--quantize int8 or --frozen-weights int8 (int8 constants: a quarter of their bytes%s)"
+                    % ("" if where == "in RAM" else ", and of the windows they are read into"),
+                    report["const_bytes"] * 3 // 4 if where == "in RAM" else None))
     return out
+
+
+WHERE_TEXT = {"in place": "constants in place in flash (ROMFS)",
+              "streamed": "constants streamed from the plan's file",
+              "in RAM": "plan read into RAM"}
+
+
+def _parts_text(parts):
+    names = {"ram_bytes": "RAM", "trainer": "Trainer", "plan": "plan read into RAM", "head": "plan head",
+             "file": "open file"}
+    return " + ".join("%s %s" % (names[k], _kb(v)) for k, v in parts.items() if v)
 
 
 def check(report, board):
@@ -141,8 +194,8 @@ def check(report, board):
     raises DoesNotFit with one line (numbers and remedies) when it does not."""
     name = board["name"]
     free, measured = free_heap(board)
-    in_ram = plan_in_ram(board)
-    parts = ram_needed(report, board, in_ram)
+    where = placement(report, board)
+    parts = ram_needed(report, board, where)
     need = sum(parts.values())
     notes = []
     if free is None:
@@ -151,22 +204,19 @@ def check(report, board):
     how = "" if measured else " (an estimate, not measured: %s)" % board["heap"]["how"]
     if need > free:
         short = need - free
-        fixes = _remedies(report, board, short, in_ram)
+        fixes = _remedies(report, board, short, where)
         fix_text = "; ".join("%s%s" % (w, " saves %s" % _kb(b) if b else "") for w, b in fixes)
         others = [n for n, b in all_boards().items()
                   if n != name and b["heap"].get("free_bytes")
                   and sum(ram_needed(report, b).values()) <= b["heap"]["free_bytes"]]
         raise DoesNotFit(
-            "plan does not fit %s: needs %s of heap (RAM %s + Trainer %s%s), the board has %s free%s: "
+            "plan does not fit %s (%s): needs %s of heap (%s), the board has %s free%s: "
             "%s short. Would help: %s%s" % (
-                name, _kb(need), _kb(parts["ram_bytes"]), _kb(parts["trainer"]),
-                " + plan read into RAM %s" % _kb(parts["plan"]) if parts["plan"] else "", _kb(free), how,
+                name, WHERE_TEXT[where], _kb(need), _parts_text(parts), _kb(free), how,
                 _kb(short), fix_text or "a board with more RAM",
                 ". Fits on: " + ", ".join(others) if others else ""))
-    notes.append("fits %s: needs %s of heap (RAM %s + Trainer %s%s), %s free%s, %s to spare"
-                 % (name, _kb(need), _kb(parts["ram_bytes"]), _kb(parts["trainer"]),
-                    " + plan in RAM %s" % _kb(parts["plan"]) if parts["plan"] else " (plan in flash)",
-                    _kb(free), how, _kb(free - need)))
+    notes.append("fits %s (%s): needs %s of heap (%s), %s free%s, %s to spare"
+                 % (name, WHERE_TEXT[where], _kb(need), _parts_text(parts), _kb(free), how, _kb(free - need)))
     fs = board.get("filesystem_bytes")
     if fs is not None and fs and report["plan_bytes"] > fs:
         raise DoesNotFit("plan does not fit %s: the plan is %s and the board's filesystem holds %s; "

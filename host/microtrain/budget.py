@@ -22,6 +22,11 @@ way, then searches accuracy per byte.
 
 Calibration ranges do not depend on what trains, so with quantize="int8" the search calibrates
 once.
+
+With a board (a boards.py profile; `--board` on the command line), each plan's RAM is counted as that
+board's heap would hold it (boards.ram_needed: where its constants live there, in place, streamed from
+the plan's file with its head in RAM, or the whole plan in RAM, and the Trainer object) instead of peak
+RAM alone.
 """
 from __future__ import annotations
 
@@ -61,9 +66,10 @@ def _calibrate_once():
         quantize.calibrate = original
 
 
-def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
+def choose(model, budget, log=None, probe=None, probe_epochs=2, board=None, **options):
     """(scheme dict, Plan) of the rule above for `model`; options go to microtrain.compile.
-    probe: (x, y) labelled samples to choose by learning (module docstring)."""
+    probe: (x, y) labelled samples to choose by learning (module docstring). board: a board profile
+    whose heap the plans are counted in (module docstring)."""
     from .compiler import compile as compile_plan
     from .onnx_import import import_onnx
     from .schemes import conv_layers
@@ -73,6 +79,15 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
         raise ValueError("probe_epochs must be a whole number >= 1, got %r" % (probe_epochs,))
     if probe is not None and (not isinstance(probe, (tuple, list)) or len(probe) != 2):
         raise ValueError("probe must be (x, y): labelled samples, got %s" % type(probe).__name__)
+    what = "peak RAM" if board is None else "heap on %s" % board["name"]   # what the budget counts
+    if board is None:
+        def measure(r):
+            return r["peak_ram_bytes"]
+    else:
+        from .boards import ram_needed
+
+        def measure(r):
+            return sum(ram_needed(r, board).values())
     graph = import_onnx(model, options.get("loss", "cross-entropy"))
     convs = conv_layers(graph)
     if not any(n.op == "gemm" for n in graph.layers()):
@@ -96,7 +111,7 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
                        e))
                 tried[key] = (float("inf"), None)
             else:
-                tried[key] = (plan.report()["peak_ram_bytes"], plan)
+                tried[key] = (measure(plan.report()), plan)
         return tried[key]
 
     def scheme_of(n_bias, weights):
@@ -107,13 +122,15 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
     with _calibrate_once():
         best = scheme_of(0, [])
         peak, plan = cost(best)
-        say("classifier only: peak RAM %d B" % peak)
+        say("classifier only: %s %d B" % (what, peak))
         if peak > budget:
             r = plan.report()
-            raise ValueError("budget %d B is too small: the classifier alone needs %d B of peak RAM (arena %d, "
-                             "trainable state %d, context %d). Give at least that, or reduce the arena (int8 "
-                             "frozen part: quantize='int8'; saved='bits')" % (budget, peak, r["arena_bytes"],
-                                                                             r["param_bytes"], r["context_ram_bytes"]))
+            raise ValueError("budget %d B is too small: the classifier alone needs %d B of %s (arena %d, "
+                             "trainable state %d, context %d%s). Give at least that, or reduce the arena (int8 "
+                             "frozen part: quantize='int8'; saved='bits')"
+                             % (budget, peak, "peak RAM" if board is None else "heap on " + board["name"],
+                                r["arena_bytes"], r["param_bytes"], r["context_ram_bytes"],
+                                "" if board is None else ", the plan's part: %s" % _placement_text(r, board)))
         def fill(n_bias):
             """Step 3 for the biases of the last n_bias convs: the weights, from the last conv back."""
             weights = []
@@ -124,7 +141,7 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
                 fit = None
                 for r in RATIOS:
                     p, _ = cost(scheme_of(n_bias, weights + [(k, r)]))
-                    say("conv %d '%s' weight, ratio %g: %s" % (k, n.onnx_name, r, _fits(p, budget)))
+                    say("conv %d '%s' weight, ratio %g: %s" % (k, n.onnx_name, r, _fits(p, budget, what)))
                     if p > budget:
                         break
                     fit = r
@@ -137,7 +154,7 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 p, _ = cost(scheme_of(mid, []))
-                say("biases of the last %d convs: %s" % (mid, _fits(p, budget)))
+                say("biases of the last %d convs: %s" % (mid, _fits(p, budget, what)))
                 lo, hi = (mid, hi) if p <= budget else (lo, mid - 1)
             n_bias = lo
             weights = fill(n_bias)
@@ -145,27 +162,35 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, **options):
             scored = []
             for n in range(len(convs) + 1):
                 p, _ = cost(scheme_of(n, []))
-                say("biases of the last %d convs: %s" % (n, _fits(p, budget)))
+                say("biases of the last %d convs: %s" % (n, _fits(p, budget, what)))
                 if p > budget:
                     continue
                 w = fill(n)
                 peak, plan = cost(scheme_of(n, w))
                 loss = probe_loss(plan, probe, probe_epochs)
-                say("candidate: biases of the last %d convs, weights %s: peak RAM %d B, probe loss %.4f"
-                    % (n, ", ".join("conv %d x%g" % c for c in w) or "none", peak, loss))
+                say("candidate: biases of the last %d convs, weights %s: %s %d B, probe loss %.4f"
+                    % (n, ", ".join("conv %d x%g" % c for c in w) or "none", what, peak, loss))
                 scored.append((loss, peak, n, w))
             _, _, n_bias, weights = min(scored, key=lambda c: c[:2])
         best = scheme_of(n_bias, weights)
         peak, plan = cost(best)
-    say("chosen: classifier, biases of the last %d convs, weights %s: peak RAM %d B of %d B"
-        % (n_bias, ", ".join("conv %d x%g" % w for w in weights) or "none", peak, budget))
+    say("chosen: classifier, biases of the last %d convs, weights %s: %s %d B of %d B%s"
+        % (n_bias, ", ".join("conv %d x%g" % w for w in weights) or "none", what, peak, budget,
+           "" if board is None else " (%s)" % _placement_text(plan.report(), board)))
     return best, plan
 
 
-def _fits(peak, budget):
+def _placement_text(r, board):
+    from .boards import placement, ram_needed
+    where = placement(r, board)
+    parts = ram_needed(r, board, where)
+    return "the plan %s, %d B of it" % (where, parts.get("plan", 0) + parts.get("head", 0) + parts.get("file", 0))
+
+
+def _fits(peak, budget, what="peak RAM"):
     if peak == float("inf"):
         return "no plan"
-    return "peak RAM %d B%s" % (peak, "" if peak <= budget else " (over)")
+    return "%s %d B%s" % (what, peak, "" if peak <= budget else " (over)")
 
 
 def probe_loss(plan, probe, epochs):

@@ -39,6 +39,25 @@ def _compile(args):
                    saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
                    trained_weights=args.trained_weights, recompute=args.recompute,
                    input_in_place=args.input_in_place)
+    board = None
+    if args.board:
+        from .boards import load_board
+        board = load_board(args.board)
+    if args.stream_window is not None and args.constants == "resident":
+        raise ValueError("--stream-window sizes the windows of streamed constants: give it without --constants "
+                         "resident")
+    # where the constants go: a stream section for a board that reads them from the plan's file
+    # (boards.wants_stream: no ROMFS and a plan not small beside its heap), or resident
+    stream = args.constants == "stream" or (args.constants == "auto" and args.stream_window is not None)
+    resident = None
+    if args.constants == "auto" and board is not None and args.stream_window is None:
+        from .boards import ram_needed, wants_stream
+        if args.budget is not None:   # the search counts the plans as this board will hold them
+            stream = not board["romfs"].get("available")
+        else:   # streamed, unless the plan is small beside the heap or streaming needs more of it
+            resident = compile(args.model, update=args.update, scheme=args.scheme, **options)
+            stream = wants_stream(resident.report(), board)
+    options.update(stream=stream, stream_window=args.stream_window)
     if args.budget is not None:
         if args.update != "last-layer" or args.scheme:
             raise ValueError("--budget chooses what trains: give it without --update/--scheme")
@@ -48,12 +67,15 @@ def _compile(args):
             d = load_data(args.budget_probe, "--budget-probe")
             probe = (d["x"], d["y"])
         scheme, plan = choose(args.model, args.budget, log=lambda line: print("budget: " + line, flush=True),
-                              probe=probe, probe_epochs=args.probe_epochs, **options)
+                              probe=probe, probe_epochs=args.probe_epochs, board=board, **options)
         print("budget: scheme " + json.dumps(scheme))
     else:
         if args.budget_probe:
             raise ValueError("--budget-probe chooses among the schemes a budget fits: give it with --budget")
         plan = compile(args.model, update=args.update, scheme=args.scheme, **options)
+        if resident is not None and stream and \
+                sum(ram_needed(resident.report(), board).values()) < sum(ram_needed(plan.report(), board).values()):
+            plan = resident   # an op's constants too large for a window: whole in RAM needs less
     fit = _board_check(plan.report(), args.board)   # a plan that does not fit is not written
     plan.save(args.output)
     r = plan.report()
@@ -62,6 +84,10 @@ def _compile(args):
                               r["param_bytes"], r["const_bytes"]))
     if r["input_in_place"]:
         print("input: %d B read in place where the caller keeps it (not in the arena)" % r["input_bytes"])
+    if r["streamed"]:
+        print("stream: constants %d B in the stream section, %d groups, windows of up to %d B in the arena; "
+              "a board opening the file keeps the %d B head in RAM and reads %d B a training step"
+              % (r["stream_bytes"], r["groups"], r["window_bytes"], r["head_bytes"], r["read_per_step"]))
     for note in r["notes"]:
         print("note: " + note)
     for line in fit:
@@ -123,6 +149,16 @@ def print_report(r, out=sys.stdout, tensors=True):
     if r["input_dtype"] != "float32" or r["input_in_place"]:
         w("input           %s%s\n" % (r["input_dtype"], ", %s read in place where the caller keeps it (not in RAM above)"
                                      % _kb(r["input_bytes"]) if r["input_in_place"] else ""))
+    if r["streamed"]:
+        w("streamed        %s  = arena %s + parameters/optimizer %s + context %s + the plan's head %s: the RAM\n"
+          "                of a board that opens the plan's file; its constants (stream section %s, %d groups,\n"
+          "                windows of up to %s in the arena) read a group at a time, %s a training step\n"
+          % (_kb(r["file_ram_bytes"]), _kb(r["arena_bytes"]), _kb(r["param_bytes"]), _kb(r["context_bytes"]),
+             _kb(r["head_bytes"]), _kb(r["stream_bytes"]), r["groups"], _kb(r["window_bytes"]),
+             _kb(r["read_per_step"])))
+    else:
+        w("read into RAM   %s  = RAM above + the whole plan (a board without ROMFS; compile --constants stream\n"
+          "                to read its constants from the file instead)\n" % _kb(r["file_ram_bytes"]))
     w("arena           %s planned, %s naive (all tensors alive), %s peak live\n"
       % (_kb(r["arena_bytes"]), _kb(r["naive_bytes"]), _kb(r["peak_live_bytes"])))
     w("constants       %s (frozen, may stay in flash)\n" % _kb(r["const_bytes"]))
@@ -344,7 +380,18 @@ def parser():
                    "placed as TFLite Micro's greedy planner does or in a searched order where that leaves "
                    "gaps; greedy is TFLite Micro's placement alone; naive gives every tensor its own (for debugging)")
     c.add_argument("--board", metavar="NAME", help="check the plan fits this board (microtrain boards); "
-                   "fail, writing nothing, if it does not")
+                   "fail, writing nothing, if it does not. With --constants auto, it also decides where the "
+                   "plan's constants live; with --budget, plans are counted as its heap would hold them")
+    c.add_argument("--constants", choices=["auto", "resident", "stream"], default="auto",
+                   help="stream: put the frozen constants in a stream section, in the order the ops read them, so "
+                   "that a board opening the plan's file keeps only the rest in RAM and reads each op's "
+                   "constants into a window in the arena just before the op (docs/plan-format.md, Streaming); "
+                   "resident: no stream section (the plan read in place from ROMFS, or whole into RAM); "
+                   "auto: stream for a --board without ROMFS whose heap the plan is not small beside, else resident")
+    c.add_argument("--stream-window", type=_whole(256), default=None, metavar="BYTES",
+                   help="with streamed constants: the most bytes an op reads into its window at once (an "
+                   "expansion block's constants over it are read in blocks of channels); default: the size "
+                   "that needs the least RAM")
     c.add_argument("--quantize", choices=["int8"], default=None,
                    help="quantize the frozen part to int8 after training (needs --calibration); a QDQ model "
                    "(onnxruntime quantize_static) runs int8 without it. docs/quantization.md")

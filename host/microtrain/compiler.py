@@ -68,7 +68,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
             batch=1, planner="search", guard=0, clip_grad=None, quantize=None, calibration=None,
             input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None,
             int8_fuse=True, frozen_weights="float32", trained_weights="float32", recompute=True,
-            budget_probe=None, input_in_place=False):
+            budget_probe=None, input_in_place=False, stream=False, stream_window=None):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -124,6 +124,14 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     or ROMFS read as a memoryview) instead of copying it into the arena, which then has no room for
     it: peak RAM leaves the input out. The caller's sample must not change during the step. A float32
     or int8 input (a uint8 one is flipped to int8 in a copy: give int8 pixels, pixel - 128).
+    stream: True puts the frozen constants and the initial parameter values in the plan's stream
+    section, in the order the ops read them (stream.py): a board that opens the plan from a file
+    keeps only the rest (the head) in RAM and reads each op's constants into a window in the arena
+    just before the op; the windows are planned with the arena. Read whole or in place, the plan runs
+    as any other, with the same numbers. docs/plan-format.md, Streaming. stream_window: the most bytes
+    of constants an op reads at once; an expansion block's ops (PWDW_W8) whose constants are more
+    consume them in blocks of output channels, one window's worth at a time, with the same bits.
+    None: the compiler chooses the window that needs the least RAM (stream.windowed).
     """
     if trained_weights not in TRAINED_WEIGHTS:
         raise ValueError("unknown trained_weights %r; use one of %s" % (trained_weights, ", ".join(TRAINED_WEIGHTS)))
@@ -135,13 +143,21 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                       planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
                       input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
                       int8_fuse=int8_fuse, frozen_weights=frozen_weights, trained_weights=trained_weights,
-                      recompute=recompute, input_in_place=input_in_place, probe=budget_probe)[1]
+                      recompute=recompute, input_in_place=input_in_place, probe=budget_probe, stream=stream,
+                      stream_window=stream_window)[1]
     if budget_probe is not None:
         raise ValueError("budget_probe chooses among the schemes a budget fits: give it with budget")
     if recompute not in (True, False):
         raise ValueError("recompute must be True or False, got %r" % (recompute,))
     if input_in_place not in (True, False):
         raise ValueError("input_in_place must be True or False, got %r" % (input_in_place,))
+    if stream not in (True, False):
+        raise ValueError("stream must be True or False, got %r" % (stream,))
+    if stream_window is not None and (not stream or isinstance(stream_window, bool) or not isinstance(stream_window, int)
+                                      or stream_window < 256):
+        raise ValueError("stream_window is the most bytes of constants an op reads into its window at once, a whole "
+                         "number >= 256, with stream=True; got %r%s" % (stream_window, "" if stream else
+                                                                       " without stream=True"))
     if input_in_place and input_dtype == "uint8":
         raise ValueError("input_in_place reads the caller's sample as it is, and a uint8 input is flipped to int8 "
                          "in a copy: give int8 input (input_dtype='int8', pixel - 128) or float32")
@@ -205,7 +221,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
                       planner=planner, guard=guard, update=update, input_dtype=INPUT_DTYPES[input_dtype],
                       clip_grad=clip_grad, channels=channels, saved=saved, frozen_weights=frozen_weights,
                       trained_weights=trained_weights, recompute=recompute, input_in_place=input_in_place,
-                      update_meta=update if scheme is None else "%s:%s" % (update, scheme))
+                      update_meta=update if scheme is None else "%s:%s" % (update, scheme), stream=stream,
+                      stream_window=stream_window)
 
 
 def resolve_selection(graph, update, scheme=None):
@@ -219,7 +236,8 @@ def resolve_selection(graph, update, scheme=None):
 
 def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, batch=1, planner="search", guard=0,
                update="none", input_dtype="F32", clip_grad=None, channels=None, update_meta=None, saved="float32",
-               frozen_weights="float32", trained_weights="float32", recompute=True, input_in_place=False):
+               frozen_weights="float32", trained_weights="float32", recompute=True, input_in_place=False,
+               stream=False, stream_window=None):
     """The Plan of an IR graph (ir.Graph): the training step for `trainable` (a set of parameter
     names), or forward only when it is empty."""
     # "naive" memory shares nothing, not even between an op's input and output, so that
@@ -292,7 +310,16 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
         if replayed:
             graph.notes.append("recompute: %d saved activation%s made again in the backward instead of kept (%s)"
                                % (len(replayed), "s" if len(replayed) > 1 else "", ", ".join(replayed)))
-    arena, state, naive, peak, blobs, data_size, quants = assign_memory(tensors, ops, (inp, tgt), planner, guard)
+    if stream:   # the frozen constants read from the plan's file, a block too large for a window cut (stream.py)
+        from .stream import windowed
+        ops, window, cut = windowed(tensors, ops, ("INPUT", "TARGET"), stream_window, guard)
+        if cut:
+            graph.notes.append("stream: %d ops consume their constants in blocks of output channels, at most %d B "
+                               "each" % (cut, window))
+            out, inp, tgt = (next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS[f])
+                             for f in ("OUTPUT", "INPUT", "TARGET"))
+    arena, state, naive, peak, blobs, data_size, quants, lay = assign_memory(tensors, ops, (inp, tgt), planner, guard,
+                                                                             stream=stream)
     if trainable:
         check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train
     meta = {
@@ -330,5 +357,5 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
     data = write_plan(tensors, ops, arena=arena, state=state, naive=naive, blobs=blobs, data_size=data_size,
                       io=(inp, tgt, out), loss=loss, batch=batch, lr=lr, momentum=momentum,
                       weight_decay=weight_decay, macs=macs_total(ops), meta=meta, quants=quants,
-                      input_dtype=input_dtype)
+                      input_dtype=input_dtype, stream=lay)
     return Plan(*with_context(data))

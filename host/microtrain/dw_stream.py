@@ -270,7 +270,8 @@ def _fuse(tensors, ops, blk, roles):
                    _slot(blk["mask"], "m"), _slot(d, "w"), _slot(d, "b"), s, y,
                    _slot(blk["mask2"], "m") if pw2 else None, _slot(pw2, "w") if pw2 else None,
                    _slot(pw2, "b") if pw2 else None, z],
-                  list(d.attrs) + list(blk["clip"].attrs) + list(clip2), d.source,
+                  list(d.attrs) + list(blk["clip"].attrs) + list(clip2) + [tensors[_slot(d, "w")].shape[0]],
+                  d.source,
                   macs=sum(ops[i].macs for i in fwd))
     bd = ops[roles["bwd_dw"]]
     slot = dict(dw=_slot(bd, "w"), m=_slot(ops[roles["mask"]], "m"),
@@ -288,7 +289,8 @@ def _fuse(tensors, ops, blk, roles):
             slot.update((ours, _slot(ops[roles[role]], theirs)) for ours, theirs in names.items())
     spec = F.OPS_BY_NAME["PWDW_W8_BWD"]
     bwd = set(roles.values())
-    bo = type(pw)("PWDW_W8_BWD", "TRAIN", [slot.get(sl.name) for sl in spec.slots], list(bd.attrs), bd.source,
+    bo = type(pw)("PWDW_W8_BWD", "TRAIN", [slot.get(sl.name) for sl in spec.slots],
+                  list(bd.attrs) + [tensors[slot["dw"]].shape[0]], bd.source,
                   macs=sum(ops[i].macs for i in bwd))
     out = []
     for i, o in enumerate(ops):

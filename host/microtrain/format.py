@@ -11,7 +11,8 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = b"MTPL"
-VERSION = 3         # 2: int8 tensors, quantization table, input dtype, int8 ops; 3: the context section
+VERSION = 4         # 2: int8 tensors, quantization table, input dtype, int8 ops; 3: the context section;
+                    # 4: the stream section and its group table (constants read from a file in execution order)
 ALIGN = 8           # every section, constant, state and arena offset is a multiple of this
 NO_TENSOR = 0xFFFF  # an absent optional tensor slot
 NO_NAME = 0xFFFFFFFF
@@ -60,7 +61,15 @@ HEADER_FIELDS = [
     ("reserved3", "B"),
     ("context_off", "I"),     # the runtime context prepared on the host (plan.py), 0 for none: used in
     ("context_bytes", "I"),   #   place (RAM saved) where it is what the core prepares, else decoded into RAM
-    ("reserved2", "12s"),     # zero; room for later fields
+    # the stream section (docs/plan-format.md, Streaming): constants a board may read from the plan's file, a
+    # group at a time, into a window in the arena just before the ops that read them; 0, 0, 0, 0, 0 for none.
+    # The plan's head, [0, stream_off), holds every other section the device reads.
+    ("stream_off", "I"),
+    ("stream_bytes", "I"),
+    ("stream_crc32", "I"),    # CRC-32 of bytes [stream_off, file_bytes): the file's crc32 follows from the head's
+    ("groups_off", "I"),      # group table: n_groups records of GROUP_FIELDS, in the head
+    ("n_groups", "H"),
+    ("reserved2", "H"),       # zero
 ]
 HEADER_STRUCT = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
 HEADER_BYTES = HEADER_STRUCT.size
@@ -93,13 +102,34 @@ QUANT_FIELDS = [
     ("scale", "f"),           # per tensor: the scale (finite, > 0); per channel: 0
     ("zero_point", "i"),      # per tensor: the zero point, in the dtype's range (0 for I32); per channel: 0
     ("axis", "B"),            # PER_TENSOR, or the channel axis (< ndim)
-    ("reserved", "3s"),       # zero
+    ("where", "B"),           # per channel: QUANT_IN_DATA, the scales and zero points in the data section, or
+                              #   QUANT_IN_STREAM, in the stream section (read with the group of the op using them)
+    ("reserved", "2s"),       # zero
     ("n_channels", "I"),      # per channel: dim[axis]; per tensor: 1
     ("scales", "I"),          # per channel: data offset of n_channels f32 scales (finite, > 0); else NO_NAME
     ("zero_points", "I"),     # per channel: data offset of n_channels i32 zero points, NO_NAME for all 0
 ]
 QUANT_STRUCT = struct.Struct("<" + "".join(code for _, code in QUANT_FIELDS))
 QUANT_BYTES = QUANT_STRUCT.size
+QUANT_IN_DATA = 0
+QUANT_IN_STREAM = 1
+
+# A group of the stream section: bytes [lo, lo + bytes) of it, which ops first_op..last_op read (every STREAM
+# tensor they read and the stream-held scales of their tensors lie inside), read into the arena at `window`
+# before first_op and kept there through last_op; its CRC is checked as it is read. Sorted by first_op, the op
+# ranges disjoint. RESET_GROUP as first_op and last_op: the trainable parameters' initial values (their
+# `init` offsets then point into the stream section), read into the state region on reset; at most one, last.
+RESET_GROUP = 0xFFFF
+GROUP_FIELDS = [
+    ("first_op", "H"),
+    ("last_op", "H"),
+    ("window", "I"),          # arena offset, a multiple of 8 (0 for the reset group)
+    ("lo", "I"),              # offset in the stream section, a multiple of 8
+    ("bytes", "I"),           # >= 1
+    ("crc32", "I"),           # CRC-32 of the group's bytes
+]
+GROUP_STRUCT = struct.Struct("<" + "".join(code for _, code in GROUP_FIELDS))
+GROUP_BYTES = GROUP_STRUCT.size
 
 # op record: u8 code, u8 phase, u8 n_tensors, u8 n_attrs, u16 tensor[n_tensors],
 # padding to 4 bytes, i32 attr[n_attrs]
@@ -128,7 +158,8 @@ STATE_STRUCT = struct.Struct("<" + "".join(code for _, code in STATE_FIELDS))
 STATE_HEADER_BYTES = STATE_STRUCT.size
 
 DTYPES = {"F32": (1, 4), "I32": (2, 4), "I8": (3, 1), "U8": (4, 1)}  # name: (code, size)
-STORAGES = {"ARENA": 0, "CONST": 1, "STATE": 2, "INPUT": 3}   # INPUT: the caller's sample, read in place
+# INPUT: the caller's sample, read in place; STREAM: a constant in the stream section, read through its group
+STORAGES = {"ARENA": 0, "CONST": 1, "STATE": 2, "INPUT": 3, "STREAM": 4}
 TFLAGS = {"PARAM": 1, "MOMENTUM": 2, "GRAD_ACC": 4, "INPUT": 8, "TARGET": 16, "OUTPUT": 32}
 PHASES = {"FORWARD": 0, "TRAIN": 1, "BATCH_END": 2}
 LOSSES = {"CROSS_ENTROPY": 1, "MSE": 2}
@@ -149,6 +180,8 @@ class OpSpec:
     slots: tuple
     attrs: tuple
     inplace: tuple = ()     # (out slot, in slot) pairs allowed to share memory exactly
+    blocks: bool = False    # it may consume its stream constants in blocks of output channels, run once per
+                            # block (stream.py, mt_stream.c)
 
     def slot_index(self, name):
         return [s.name for s in self.slots].index(name)
@@ -363,19 +396,25 @@ OPS = (
     # m2) and the 1x1 conv w2 (bias b2) after it too: the depthwise output is then only y, one
     # plane, and the block's output is z. Each value is summed in the order of the ops replaced
     # (CONV2D_W8, CONV2D_ACC_W8, CLIP, MASK_PACK...), so y or z and the masks are theirs
-    # (dw_stream.py, mt_pwdw_w8.c)
+    # (dw_stream.py, mt_pwdw_w8.c). The block has c_total channels, its constants (w, dw, w2's columns)
+    # E rows (groups = E): all of them, or, for an op whose constants the plan streams in blocks
+    # (stream.py), one block's, the op running once per block (block k: channels [k E, k E + E) of
+    # c_total), the first making the masks and z's start, the others summing on, with the same bits
+    # as one op; the trained tensors (b, db, wt), the masks and a y of every channel are the whole
+    # block's
     OpSpec("PWDW_W8", 73, _s("x w:I8? b? xg? wt:I8? wtf? m:out:U8 dw:I8 db? s:out y:out m2:out:U8? w2:I8? b2? "
                              "z:out?"),
-           CONV_ATTRS + ("lo_bits", "hi_bits", "lo2_bits", "hi2_bits")),
+           CONV_ATTRS + ("lo_bits", "hi_bits", "lo2_bits", "hi2_bits", "c_total"), blocks=True),
     # its backward, a channel at a time: from dy, the depthwise output's gradient (with w2: the
     # block output's, through w2 and the mask m2 into s2, the depthwise bias db taking its gradient),
     # the depthwise input gradient through the mask m into s, then from that plane the frozen
     # part's input gradient dx, the trained part's dxg and weight gradient (sink wt, mt, acct; wt
     # int8 or float32) and the 1x1 bias's (sink b, mb, accb): no gradient of the block's inner
-    # tensors exists whole
+    # tensors exists whole. Run once per block of its constants, as PWDW_W8: the first block clears
+    # dx and dxg, the others sum on
     OpSpec("PWDW_W8_BWD", 74, _s("dy w2:I8? m2:U8? s2:out? db:param? mdb:state? accdb:state? dw:I8 m:U8 s:out "
                                  "w:I8? dx:out? xg? wt:param? mt:state? acct:state? dxg:out? "
-                                 "b:param? mb:state? accb:state?"), CONV_ATTRS),
+                                 "b:param? mb:state? accb:state?"), CONV_ATTRS + ("c_total",), blocks=True),
 )
 # attribute groups: ops that share one keep it at the start of their attributes,
 # so one C name (MT_CONV_A_STRIDE_H, MT_POOL_A_KERNEL_H...) fits all of them
@@ -428,6 +467,11 @@ ERRORS = (  # (name, message); code = position + 1, 0 is success
                   "record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan"),
     ("PARAM_RANGE", "parameter value outside its int8 range (127 times its channel's scale): set a smaller value"),
     ("NO_INPUT", "the plan reads its input in place and none is set: mt_set_input first"),
+    ("GROUP", "invalid stream group record (outside the stream section or the arena, or out of op order)"),
+    ("STREAM_READ", "reading the plan's constants from its file failed (a read error, or the file is shorter "
+                    "than the plan): the step stopped before the op that needed them"),
+    ("STREAM_CRC", "constants read from the plan's file do not match their CRC (the file changed or was "
+                   "damaged after the Trainer opened it): the step stopped before the op that needed them"),
 )
 
 
@@ -488,6 +532,19 @@ def quant_offsets():
     return _offsets(QUANT_FIELDS)
 
 
+def group_offsets():
+    return _offsets(GROUP_FIELDS)
+
+
+def pack_group(**fields):
+    """A group record (GROUP_FIELDS) from its fields, by name."""
+    return GROUP_STRUCT.pack(*[fields[name] for name, _ in GROUP_FIELDS])
+
+
+def unpack_group(buf, pos):
+    return dict(zip((name for name, _ in GROUP_FIELDS), GROUP_STRUCT.unpack_from(buf, pos)))
+
+
 def pack_op(code, phase, slots, attrs):
     """An op record; slots are tensor indices, None for an absent optional slot."""
     slots = [NO_TENSOR if s is None else s for s in slots]
@@ -531,6 +588,11 @@ def c_header():
           "#define MT_NO_QUANT 0x%X" % NO_QUANT, "#define MT_PER_TENSOR 0x%X" % PER_TENSOR]
     for name, off in quant_offsets().items():
         L.append("#define MT_Q_%s %d" % (name.upper(), off))
+    L += ["#define MT_QUANT_IN_DATA %d" % QUANT_IN_DATA, "#define MT_QUANT_IN_STREAM %d" % QUANT_IN_STREAM]
+    L += ["", "/* stream group record field byte offsets */", "#define MT_GROUP_BYTES %d" % GROUP_BYTES,
+          "#define MT_RESET_GROUP 0x%X" % RESET_GROUP]
+    for name, off in group_offsets().items():
+        L.append("#define MT_G_%s %d" % (name.upper(), off))
     L += ["", "/* training-state blob: header field byte offsets; the state region and a CRC-32 follow */",
           '#define MT_STATE_MAGIC "%s"' % STATE_MAGIC.decode(),
           "#define MT_STATE_VERSION %d" % STATE_VERSION,
@@ -579,18 +641,19 @@ def c_header():
           "#define MT_SLOT(role, dtype, opt) ((uint8_t)((role) | ((dtype) << 2) | ((opt) << 7)))",
           "#define MT_SLOT_ROLE(s) ((s) & 3)", "#define MT_SLOT_DTYPE(s) (((s) >> 2) & 31)",
           "#define MT_SLOT_OPTIONAL(s) (((s) >> 7) & 1)",
-          "#define MT_OPSPECS_INIT { \\", "    {0, 0, {0}, {255, 255, 255, 255}}, \\"]
+          "#define MT_OPSPECS_INIT { \\", "    {0, 0, {0}, {255, 255, 255, 255}, 0}, \\"]
     for code in range(1, max(OPS_BY_CODE) + 1):
         op = OPS_BY_CODE.get(code)
         if op is None:
-            L.append("    {0, 0, {0}, {255, 255, 255, 255}}, \\")
+            L.append("    {0, 0, {0}, {255, 255, 255, 255}, 0}, \\")
             continue
         slots = ", ".join("MT_SLOT(%d, %d, %d)" % (ROLE_CODES[s.role], DTYPES[s.dtype][0], int(s.optional))
                           for s in op.slots)
         pairs = [(op.slot_index(o), op.slot_index(i)) for o, i in op.inplace]
         pairs += [(255, 255)] * (2 - len(pairs))
         inpl = ", ".join("%d, %d" % p for p in pairs)
-        L.append("    {%d, %d, {%s}, {%s}}, /* %s */ \\" % (len(op.slots), len(op.attrs), slots, inpl, op.name))
+        L.append("    {%d, %d, {%s}, {%s}, %d}, /* %s */ \\" % (len(op.slots), len(op.attrs), slots, inpl, int(op.blocks),
+                                                                op.name))
     L.append("}")
     L += ["", "/* error codes */", "#define MT_OK 0"]
     for i, (name, _) in enumerate(ERRORS):
@@ -621,6 +684,9 @@ def markdown_tables():
     for name, off in quant_offsets().items():
         code = dict(QUANT_FIELDS)[name]
         L.append("| %d | `%s` | %s |" % (off, name, ctypes2.get(code, "%s bytes" % code.rstrip("s"))))
+    L += ["", "### Stream group record (%d bytes)" % GROUP_BYTES, "", "| offset | field | type |", "|---|---|---|"]
+    for name, off in group_offsets().items():
+        L.append("| %d | `%s` | %s |" % (off, name, ctypes[dict(GROUP_FIELDS)[name]]))
     L += ["", "### Training-state blob (%d-byte header, then the state region, then a u32 CRC-32 of all before it)"
           % STATE_HEADER_BYTES, "", "| offset | field | type |", "|---|---|---|"]
     for name, off in state_offsets().items():

@@ -84,16 +84,27 @@ def planned_arena(tensors, ops, io, strategy="greedy", gap=0):
                               align=F.ALIGN, gap=gap)
 
 
-def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
+def assign_memory(tensors, ops, io, strategy="greedy", gap=0, stream=False):
     """Offsets for arena (planned), state (packed) and constant tensors, and the
-    quantization records (per-channel scales in the data section).
-    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs, data_bytes, quant_records)."""
+    quantization records (per-channel scales in the data section). stream: the frozen constants the
+    ops read, and the initial values of the trainable parameters, go to the stream section instead
+    (stream.py), each op group's window planned in the arena.
+    Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs, data_bytes, quant_records,
+    stream layout or None)."""
+    lay = None
+    if stream:
+        from . import stream as S
+        S.choose(tensors, ops)
+        lay = S.layout(tensors, ops, [i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["PARAM"]])
     roots = _roots(tensors)
     ids, bufs = arena_buffers(tensors, ops, io, roots)
-    offsets = planner.plan(bufs, align=F.ALIGN, strategy=strategy, gap=gap)
-    arena = planner.arena_size(bufs, offsets, align=F.ALIGN, gap=gap)
+    windows = lay.window_buffers() if lay else []
+    offsets = planner.plan(bufs + windows, align=F.ALIGN, strategy=strategy, gap=gap)
+    arena = planner.arena_size(bufs + windows, offsets, align=F.ALIGN, gap=gap)
     for r, off in zip(ids, offsets):
         tensors[r].offset = off
+    if lay:
+        lay.set_windows(offsets[len(bufs):])
     state = 0
     blobs = []   # (data offset, bytes)
     data = 0
@@ -101,7 +112,8 @@ def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
         if t.view_of is None and t.storage == "STATE":
             t.offset = state
             state += _align(t.nbytes)
-        if t.view_of is None and t.data is not None:
+        if t.view_of is None and t.data is not None and t.storage != "STREAM" \
+                and not (lay and t.flags & F.TFLAGS["PARAM"]):
             t.data_offset = data
             blobs.append((data, np.ascontiguousarray(t.data, NP_DTYPES[t.dtype]).tobytes()))
             data += _align(t.nbytes)
@@ -109,24 +121,34 @@ def assign_memory(tensors, ops, io, strategy="greedy", gap=0):
         if t.view_of is not None:
             root = tensors[roots[i]]
             t.storage, t.offset = root.storage, root.offset
-    quants, data = quant_records(tensors, blobs, data)
-    return arena, state, planner.naive_size(bufs, F.ALIGN), planner.peak_live_bytes(bufs, F.ALIGN), blobs, data, quants
+    quants, data = quant_records(tensors, blobs, data, lay.quant if lay else {})
+    all_bufs = bufs + windows
+    return (arena, state, planner.naive_size(all_bufs, F.ALIGN), planner.peak_live_bytes(all_bufs, F.ALIGN), blobs,
+            data, quants, lay)
 
 
-def quant_records(tensors, blobs, data):
+def quant_records(tensors, blobs, data, streamed=None):
     """One QUANT_FIELDS record per distinct quantization (tensors get .quant_index); per-channel
-    scales and nonzero zero points go to the data section after the constants."""
+    scales and nonzero zero points go to the data section after the constants, or for the
+    tensors in `streamed` ({tensor index: (scales, zero points or None)}) where the stream
+    layout put them (where=QUANT_IN_STREAM)."""
     records, index = [], {}
-    for t in tensors:
+    streamed = streamed or {}
+    for i, t in enumerate(tensors):
         q = t.quant
         t.quant_index = F.NO_QUANT
         if q is None:
             continue
-        if q.key() not in index:
-            rec = dict(scale=0.0, zero_point=0, axis=F.PER_TENSOR, reserved=b"\0" * 3, n_channels=1,
-                       scales=F.NO_NAME, zero_points=F.NO_NAME)
+        key = (q.key(), streamed.get(i))
+        if key not in index:
+            rec = dict(scale=0.0, zero_point=0, axis=F.PER_TENSOR, where=F.QUANT_IN_DATA, reserved=b"\0" * 2,
+                       n_channels=1, scales=F.NO_NAME, zero_points=F.NO_NAME)
             if q.axis is None:
                 rec.update(scale=float(q.scale), zero_point=int(q.zero_point))
+            elif i in streamed:
+                s, z = streamed[i]
+                rec.update(axis=q.axis, n_channels=q.scale.size, scales=s, where=F.QUANT_IN_STREAM,
+                           zero_points=F.NO_NAME if z is None else z)
             else:
                 rec.update(axis=q.axis, n_channels=q.scale.size, scales=data)
                 blobs.append((data, q.scale.astype("<f4").tobytes()))
@@ -135,9 +157,9 @@ def quant_records(tensors, blobs, data):
                     rec["zero_points"] = data
                     blobs.append((data, q.zero_point.astype("<i4").tobytes()))
                     data += _align(q.zero_point.nbytes)
-            index[q.key()] = len(records)
+            index[key] = len(records)
             records.append(rec)
-        t.quant_index = index[q.key()]
+        t.quant_index = index[key]
     if len(records) >= F.NO_QUANT:
         raise ValueError("model too large for plan format %d: %d quantization records" % (F.VERSION, len(records)))
     return records, data

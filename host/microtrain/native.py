@@ -26,22 +26,59 @@ def error_text(ctx, code):
     return ffi.string(buf, n).decode()
 
 
+class PlanFile:
+    """The plan's file as the core reads it when it streams the plan (mt_load_head): bytes read
+    at an offset, counted. A test may replace read_at to make the file change or fail."""
+
+    def __init__(self, data):
+        self.data = bytes(data)
+        self.reads = 0
+
+    def read_at(self, offset, n):
+        self.reads += 1
+        return self.data[offset:offset + n]
+
+
+@ffi.def_extern()
+def mt_host_read(user, offset, dst, n):
+    """mt_read_fn: 0 when all n bytes were read (a short read or an exception fails the core's read)."""
+    try:
+        b = ffi.from_handle(user).read_at(offset, n)
+    except Exception:   # the core reports MT_E_STREAM_READ
+        return 1
+    if b is None or len(b) != n:
+        return 1
+    ffi.memmove(dst, b, n)
+    return 0
+
+
 class Core:
     """mt_load + mt_attach over a private copy of the plan bytes.
 
     guard: bytes of 0xA5 kept on both sides of the RAM buffer, so a test can
     prove the core never writes outside it. context_in_ram: decode the runtime context into RAM
     even where the plan carries it (mt_context_in_ram), as the board's binding does for a plan in
-    a writable buffer."""
+    a writable buffer. stream: load the plan by its head (mt_load_head), as a board does a plan
+    file it streams: only the bytes before the stream section are copied, the groups are read
+    through stream (True: a PlanFile of data; or any object with read_at(offset, n)) as the
+    ops need them."""
 
-    def __init__(self, data: bytes, guard: int = 0, context_in_ram: bool = False):
+    def __init__(self, data: bytes, guard: int = 0, context_in_ram: bool = False, stream=None):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("plan must be bytes, not %s" % type(data).__name__)
         data = bytes(data)
+        self.ctx = ffi.new("mt_ctx_t *")
+        if stream:
+            self.file = PlanFile(data) if stream is True else stream
+            self._handle = ffi.new_handle(self.file)
+            head = lib.mt_head_bytes(data, len(data)) or len(data)
+            data = data[:head]
         self._plan = ffi.new("uint64_t[]", max(1, (len(data) + 7) // 8))   # 8-byte aligned copy
         ffi.memmove(self._plan, data, len(data))
-        self.ctx = ffi.new("mt_ctx_t *")
-        err = lib.mt_load(self.ctx, self._plan, len(data))
+        if stream:
+            err = lib.mt_load_head(self.ctx, self._plan, len(data), lib.mt_host_read, self._handle)
+        else:
+            err = lib.mt_load(self.ctx, self._plan, len(data))
         if err:
             raise PlanError("invalid plan: " + error_text(self.ctx, err))
         if context_in_ram:
@@ -180,7 +217,9 @@ class Core:
             tensors=i.n_tensors, ram_bytes=i.ram_bytes, plan_bytes=i.plan_bytes, batch=i.batch, lr=i.lr,
             steps=i.steps, updates=i.updates, rejected=i.rejected, format_version=i.format_version,
             input_dtype=self.input_dtype, context_in_plan=bool(i.context_in_plan),
-            loss=LOSS_NAMES.get(i.loss_kind))
+            loss=LOSS_NAMES.get(i.loss_kind), streamed=bool(i.streamed), head_bytes=i.head_bytes,
+            stream_bytes=i.stream_bytes, groups=i.n_groups, stream_reads=i.stream_reads,
+            stream_read_bytes=i.stream_read_bytes)
 
     def context_image(self):
         """The runtime context as attached (op records, then the parameter table): what a plan's

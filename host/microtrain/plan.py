@@ -31,8 +31,9 @@ def _align(n, a=F.ALIGN):
 
 
 def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss, batch, lr, momentum,
-               weight_decay, macs, meta, quants=(), input_dtype="F32"):
-    """Serialize to bytes (format.py layout)."""
+               weight_decay, macs, meta, quants=(), input_dtype="F32", stream=None):
+    """Serialize to bytes (format.py layout). stream: a stream.Layout (the stream section, its
+    groups with their windows) or None."""
     names = bytearray()
     name_off = []
     for t in tensors:
@@ -44,9 +45,9 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
         dims = list(t.shape) + [1] * (F.MAX_DIMS - len(t.shape))
         flags = t.flags
         is_param = bool(flags & F.TFLAGS["PARAM"])
-        if t.storage == "CONST":
+        if t.storage in ("CONST", "STREAM"):
             offset = t.data_offset if t.view_of is None else tensors[t.view_of].data_offset
-            const_bytes += t.nbytes if t.view_of is None else 0
+            const_bytes += t.nbytes * len(getattr(t, "blocks", None) or [0]) if t.view_of is None else 0
         else:
             offset = t.offset
         init = t.data_offset if is_param else F.NO_NAME
@@ -58,40 +59,59 @@ def write_plan(tensors, ops, *, arena, state, naive, blobs, data_size, io, loss,
     for op in ops:
         orec += F.pack_op(op.spec.code, F.PHASES[op.phase], op.slots, op.attrs)
     meta_b = json.dumps(meta, separators=(",", ":")).encode()
+    qrec = b"".join(F.pack_quant(**q) for q in quants)
+    section = b""
+    grec = b""
+    if stream is not None:
+        from .stream import section as stream_section
+        section = stream_section(stream)
+        grec = b"".join(F.pack_group(first_op=g.first, last_op=g.last, window=g.window, lo=g.lo, bytes=g.bytes,
+                                     crc32=zlib.crc32(section[g.lo:g.lo + g.bytes])) for g in stream.groups)
+    # the head (what a board streaming the plan keeps in memory), then the stream section, then meta
     sections = {}
     pos = F.HEADER_BYTES
-    qrec = b"".join(F.pack_quant(**q) for q in quants)
-    for key, blob in (("tensors", trec), ("ops", orec), ("quant", qrec), ("names", names), ("meta", meta_b)):
+    for key, blob in (("tensors", trec), ("ops", orec), ("quant", qrec), ("names", names), ("groups", grec)):
         pos = _align(pos)
         sections[key] = (pos, blob)
         pos += len(blob)
     data_off = _align(pos)
-    total = data_off + data_size
+    pos = data_off + data_size
+    stream_off = _align(pos) if section else 0
+    pos = stream_off + len(section) if section else pos
+    meta_off = _align(pos)
+    total = meta_off + len(meta_b)
     out = bytearray(total)
     for off, blob in sections.values():
         out[off:off + len(blob)] = blob
     for off, blob in blobs:
         out[data_off + off:data_off + off + len(blob)] = blob
+    out[stream_off:stream_off + len(section)] = section
+    out[meta_off:meta_off + len(meta_b)] = meta_b
     fields = dict(
         magic=F.MAGIC, version=F.VERSION, header_bytes=F.HEADER_BYTES, file_bytes=total, crc32=0, flags=0,
         n_tensors=len(tensors), n_ops=len(ops),
         tensors_off=sections["tensors"][0], ops_off=sections["ops"][0], ops_bytes=len(orec),
         data_off=data_off, data_bytes=data_size, names_off=sections["names"][0], names_bytes=len(names),
-        meta_off=sections["meta"][0], meta_bytes=len(meta_b),
+        meta_off=meta_off, meta_bytes=len(meta_b),
         arena_bytes=arena, state_bytes=state, naive_bytes=naive, const_bytes=const_bytes,
         macs_lo=macs & 0xFFFFFFFF, macs_hi=macs >> 32,
         input_tensor=io[0], target_tensor=io[1], output_tensor=io[2],
         loss=F.LOSSES["CROSS_ENTROPY" if loss == "cross-entropy" else "MSE"], reserved0=0, batch=batch,
         reserved1=0, lr=lr, momentum=momentum, weight_decay=weight_decay, quant_off=sections["quant"][0],
         n_quant=len(quants), input_dtype=F.dtype_code(input_dtype), reserved3=0, context_off=0, context_bytes=0,
-        reserved2=b"\0" * 12)
+        stream_off=stream_off, stream_bytes=len(section), stream_crc32=0,
+        groups_off=sections["groups"][0] if grec else 0, n_groups=len(grec) // F.GROUP_BYTES, reserved2=0)
     if len(tensors) > 0xFFFE or len(ops) > 0xFFFF:
         raise ValueError("model too large for plan format %d: %d tensors, %d ops" % (F.VERSION, len(tensors), len(ops)))
     return _seal(out, fields)
 
 
 def _seal(out, fields):
-    """out (bytearray) with its header packed from fields and its CRC over everything after it."""
+    """out (bytearray) with its header packed from fields and its CRCs: the stream section's and what
+    follows it (a board that streams the plan checks its head against the file's CRC with it), then
+    the file's over everything after the CRC field."""
+    if fields["stream_off"]:
+        fields = dict(fields, stream_crc32=zlib.crc32(bytes(out[fields["stream_off"]:])))
     out[:F.HEADER_BYTES] = F.HEADER_STRUCT.pack(*[fields[n] for n, _ in F.HEADER_FIELDS])
     crc = F.header_offsets()["crc32"]
     out[crc:crc + 4] = struct.pack("<I", zlib.crc32(bytes(out[F.CRC_START:])))
@@ -147,6 +167,7 @@ class Plan:
             self.ops.append(dict(op=OP_NAMES[code], phase=PHASE_NAMES[phase], slots=slots, attrs=attrs))
         m0 = hd["meta_off"]
         self.meta = json.loads(self.data[m0:m0 + hd["meta_bytes"]] or b"{}")
+        self.groups = [F.unpack_group(self.data, hd["groups_off"] + k * F.GROUP_BYTES) for k in range(hd["n_groups"])]
 
     # ---- public ----
     def save(self, path):
@@ -177,13 +198,30 @@ class Plan:
         return [owner(i) for i in range(len(self.tensors))]
 
     def constant(self, name):
-        """The value of a constant tensor (a frozen parameter), from the plan's data."""
+        """The value of a constant tensor (a frozen parameter), from the plan's data or stream section (of a
+        constant in blocks, block 0's)."""
         t = self.tensors[self.tensor_index(name)]
-        if t["storage"] != "CONST":
+        if t["storage"] not in ("CONST", "STREAM"):
             raise ValueError("%r is not a constant of the plan" % name)
         dt = np.dtype(NP_DTYPES[t["dtype"]])
-        return np.frombuffer(self.data, dt, t["bytes"] // dt.itemsize, self.header["data_off"] + t["offset"]) \
-            .reshape(t["shape"]).copy()
+        at = self.header["data_off" if t["storage"] == "CONST" else "stream_off"] + t["offset"]
+        return np.frombuffer(self.data, dt, t["bytes"] // dt.itemsize, at).reshape(t["shape"]).copy()
+
+    def stream_figures(self):
+        """What streaming the plan from its file costs: {head_bytes, the bytes a board keeps in RAM of
+        the plan; stream_bytes; groups; window_bytes, the largest group an op reads; read_per_step and
+        reads_per_step, the bytes and groups a training step reads (forward and training ops; the
+        batch-end ops' as well, once a batch), and read_per_predict}."""
+        hd = self.header
+        ops = [g for g in self.groups if g["first_op"] != F.RESET_GROUP]
+        train = next((k for k, o in enumerate(self.ops) if o["phase"] != "FORWARD"), len(self.ops))
+        end = next((k for k, o in enumerate(self.ops) if o["phase"] == "BATCH_END"), len(self.ops))
+        step = [g for g in ops if g["first_op"] < end]
+        return {"head_bytes": hd["stream_off"] or len(self.data), "stream_bytes": hd["stream_bytes"],
+                "groups": len(self.groups), "window_bytes": max((g["bytes"] for g in ops), default=0),
+                "read_per_step": sum(g["bytes"] for g in step), "reads_per_step": len(step),
+                "read_per_batch_end": sum(g["bytes"] for g in ops if g["first_op"] >= end),
+                "read_per_predict": sum(g["bytes"] for g in ops if g["first_op"] < train)}
 
     def weight(self, name):
         """A frozen weight as the kernels compute with it: a float32 constant as it is, an int8 one of
@@ -202,7 +240,7 @@ class Plan:
         q = F.unpack_quant(self.data, self.header["quant_off"] + index * F.QUANT_BYTES)
         if q["axis"] == F.PER_TENSOR:
             return Quant(q["scale"], q["zero_point"])
-        d0, n = self.header["data_off"], q["n_channels"]
+        d0, n = self.header["data_off" if q["where"] == F.QUANT_IN_DATA else "stream_off"], q["n_channels"]
         scales = np.frombuffer(self.data, "<f4", n, d0 + q["scales"])
         zps = np.zeros(n, np.int32) if q["zero_points"] == F.NO_NAME else \
             np.frombuffer(self.data, "<i4", n, d0 + q["zero_points"])
@@ -237,8 +275,9 @@ class Plan:
             if t["storage"] == "ARENA" and first[i] >= 0:
                 f, l = spans.get(owner[i], (first[i], last[i]))
                 spans[owner[i]] = (min(f, first[i]), max(l, last[i]))
-        peak = planner.peak_live_bytes([planner.Buffer(self.tensors[o]["bytes"], f, l) for o, (f, l) in spans.items()],
-                                       F.ALIGN)
+        windows = {(g["first_op"], g["last_op"]): g["bytes"] for g in self.groups if g["first_op"] != F.RESET_GROUP}
+        peak = planner.peak_live_bytes([planner.Buffer(self.tensors[o]["bytes"], f, l) for o, (f, l) in spans.items()]
+                                       + [planner.Buffer(b, f, l) for (f, l), b in windows.items()], F.ALIGN)
         phases = {}
         for o in self.ops:
             phases[o["phase"].lower()] = phases.get(o["phase"].lower(), 0) + 1
@@ -266,6 +305,15 @@ class Plan:
             # the input read in place, where the caller keeps it (compile(input_in_place=True)): not in
             # the arena, so not in peak_ram_bytes
             "input_in_place": self.tensors[hd["input_tensor"]]["storage"] == "INPUT",
+            # the stream section (compile(stream=True)): a board that opens the plan's file keeps its head in
+            # RAM and reads the rest a group at a time; file_ram_bytes is what Trainer(path) then takes
+            # without the Trainer object: arena (its windows in it), state, the context decoded into RAM
+            # (the context section is not in the head), and the head; for a plan without a stream section,
+            # ram_bytes and the whole plan
+            "streamed": bool(hd["stream_off"]),
+            **self.stream_figures(),
+            "file_ram_bytes": hd["arena_bytes"] + hd["state_bytes"] + self.context_bytes + hd["stream_off"]
+            if hd["stream_off"] else self.ram_bytes + len(self.data),
             "macs_per_step": macs,
             "ops": hd["n_ops"],
             "ops_by_phase": phases,

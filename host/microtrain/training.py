@@ -52,6 +52,7 @@ class TOp:
     attrs: list = field(default_factory=list)
     source: str = ""                # the ONNX node it came from
     macs: int = 0
+    blocks: int = 1                 # its stream constants in this many blocks, the op run once per block (stream.py)
 
     @property
     def spec(self):

@@ -3,6 +3,8 @@
  *     import microtrain
  *     from array import array
  *     t = microtrain.Trainer(open("model.mtp", "rb").read())
+ *     t = microtrain.Trainer("model.mtp")   # or an open file: a plan with a stream section keeps only
+ *                                      # its head in RAM and reads its constants from the file
  *     x = array("f", bytes(4 * t.input_len))
  *     loss = t.step(x, 3)             # cross-entropy plan: y is a class label
  *     loss = t.step(x, y)             # MSE plan: y is a float32 buffer of targets
@@ -12,6 +14,14 @@
  *     t.info()                        # memory and plan facts
  *     t.lr = 0.01                     # learning rate, read/write
  *     t.reset()                       # parameters back to the plan's initial values
+ *
+ * A path, or a file without the buffer protocol (a littlefs or FAT file; a ROMFS file has it and is
+ * read in place): the plan's head (the bytes before its stream section, all of it for a plan
+ * without one) is read into the heap in pieces of at most 512 bytes through the stream protocol,
+ * the core reads each group of constants from the file into its window in the arena as the ops
+ * need it (mt_stream.c), through the same protocol, allocating nothing. The file must stay open
+ * and unchanged while the Trainer is used; a group that reads otherwise stops the step with
+ * ValueError (its CRC is checked as it is read).
  *
  * Memory: the Trainer keeps a reference to the plan object and the core reads its
  * constants in place (like framebuf keeps its buffer); the plan's structure is
@@ -43,6 +53,7 @@
 #include "py/runtime.h"
 #include "py/binary.h"
 #include "py/objarray.h"
+#include "py/stream.h"
 #endif
 
 #include "mt.h"
@@ -61,7 +72,9 @@ typedef struct _mt_trainer_obj_t {
     const void *plan_buf;   /* where its bytes were when the Trainer was made */
     size_t plan_len;
     bool plan_writable;     /* the caller can change them: check on every call */
-    uint8_t *plan_copy;     /* aligned copy of the plan when the caller's was not aligned */
+    uint8_t *plan_copy;     /* aligned copy of the plan when the caller's was not aligned, or its head */
+    mp_obj_t file;          /* the plan's file when its constants are read from it, else None */
+    const mp_stream_p_t *stream;   /* its stream protocol */
     uint8_t *ram;           /* mt_ram_bytes() bytes: state region, arena, runtime context */
     float *scratch;         /* staging for unaligned buffers, allocated on first use */
     uint32_t n_in, n_out, n_target;
@@ -217,11 +230,52 @@ static float *get_scratch(mt_trainer_obj_t *self) {
     return self->scratch;
 }
 
+static int file_read_at(mt_trainer_obj_t *self, uint32_t off, void *dst, uint32_t n);
+
+/* o's stream protocol if it is a binary stream one can read (an open file), else NULL */
+static const mp_stream_p_t *binary_stream(mp_obj_t o) {
+    if (mp_obj_is_str(o) || !mp_obj_is_obj(o)) {
+        return NULL;
+    }
+    const mp_stream_p_t *s = MP_OBJ_TYPE_GET_SLOT_OR_NULL(mp_obj_get_type(o), protocol);
+    return s != NULL && s->read != NULL && !s->is_text ? s : NULL;
+}
+
+/* x read from an open file (the stream protocol, binary): its next sample, input_len values of the
+ * plan's input dtype, straight into the arena's input tensor, where the core takes it (no heap). */
+static const void *x_from_file(mt_trainer_obj_t *self, mp_obj_t file, const mp_stream_p_t *s) {
+    uint8_t *in = mt_input_buffer(&self->ctx);
+    if (in == NULL) {
+        mp_raise_TypeError(MP_ERROR_TEXT("x must be a buffer: this plan reads its input in place"));
+    }
+    uint32_t want = self->n_in * (self->ctx.input_dtype == MT_DTYPE_F32 ? 4u : 1u), have = 0;
+    int err = 0;
+    while (have < want) {
+        mp_uint_t got = s->read(file, in + have, want - have, &err);
+        if (got == MP_STREAM_ERROR || got == 0) {
+            mt_msg_t m;
+            m.len = 0;
+            msg_str(&m, "x: the file gave ");
+            msg_uint(&m, have);
+            msg_str(&m, " bytes of a sample of ");
+            msg_uint(&m, want);
+            msg_raise(&mp_type_ValueError, &m);
+        }
+        have += (uint32_t)got;
+    }
+    return in;
+}
+
 /* x as the core takes it: for a float plan an aligned float pointer with exactly
  * n_in floats; for an int8-input plan n_in bytes (array('b'), array('B'), bytes,
- * bytearray: int8 or uint8 as the plan says), read in place at any alignment. */
+ * bytearray: int8 or uint8 as the plan says), read in place at any alignment; or an
+ * open file, whose next sample is read into the arena (x_from_file). */
 static const void *get_x(mt_trainer_obj_t *self, mp_obj_t x_in) {
     mp_buffer_info_t bi;
+    const mp_stream_p_t *stream = binary_stream(x_in);
+    if (stream != NULL && !mp_get_buffer(x_in, &bi, MP_BUFFER_READ)) {
+        return x_from_file(self, x_in, stream);
+    }
     if (self->ctx.input_dtype != MT_DTYPE_F32) {
         if (mp_obj_is_str(x_in) || !mp_get_buffer(x_in, &bi, MP_BUFFER_READ)
             || (bi.typecode != 'b' && bi.typecode != 'B' && bi.typecode != BYTEARRAY_TYPECODE)) {
@@ -304,21 +358,112 @@ static mp_obj_t new_uint(uint64_t v) {
 
 /* ---- Trainer -------------------------------------------------------------- */
 
-/* Trainer(plan): load and validate a plan, allocate and attach its RAM. */
+/* ---- a plan read from its file (mt_read_fn) ------------------------------ */
+
+/* n bytes at offset off of the plan's file into dst, through the stream protocol: seek, then read
+ * until n bytes are in (0), or a failure, end of file included (1). Allocates nothing. */
+static int file_read_at(mt_trainer_obj_t *self, uint32_t off, void *dst, uint32_t n) {
+    struct mp_stream_seek_t seek;
+    int err = 0;
+    seek.offset = (mp_off_t)off;
+    seek.whence = MP_SEEK_SET;
+    if (self->stream->ioctl(self->file, MP_STREAM_SEEK, (uintptr_t)&seek, &err) == MP_STREAM_ERROR
+        || seek.offset != (mp_off_t)off) {
+        return 1;
+    }
+    uint8_t *p = (uint8_t *)dst;
+    while (n > 0) {
+        mp_uint_t got = self->stream->read(self->file, p, n, &err);
+        if (got == MP_STREAM_ERROR || got == 0 || got > n) {
+            return 1;
+        }
+        p += got;
+        n -= (uint32_t)got;
+    }
+    return 0;
+}
+
+static int trainer_read(void *user, uint32_t off, void *dst, uint32_t n) {
+    return file_read_at((mt_trainer_obj_t *)user, off, dst, n);
+}
+
+static MP_NORETURN void raise_file(const char *what) {
+    mt_msg_t m;
+    m.len = 0;
+    msg_str(&m, "microtrain: ");
+    msg_str(&m, what);
+    msg_raise(&mp_type_ValueError, &m);
+}
+
+/* Load the plan from self->file by its head: the header first (on the stack), then the head (the
+ * plan itself where it has no stream section) into one heap block, a piece at a time. */
+static int load_from_file(mt_trainer_obj_t *self) {
+    mt_ctx_t *ctx = &self->ctx;
+    uint32_t header[(MT_HEADER_BYTES + 3) / 4];
+    if (file_read_at(self, 0, header, MT_HEADER_BYTES) != 0) {
+        /* shorter than a header, or not readable: let the core say which of its checks fails */
+        memset(header, 0, sizeof header);
+        mp_uint_t got = 0;
+        int err = 0;
+        struct mp_stream_seek_t seek = {0, MP_SEEK_SET};
+        if (self->stream->ioctl(self->file, MP_STREAM_SEEK, (uintptr_t)&seek, &err) != MP_STREAM_ERROR) {
+            got = self->stream->read(self->file, header, MT_HEADER_BYTES, &err);
+        }
+        if (got == MP_STREAM_ERROR) {
+            raise_file("cannot read the plan's file");
+        }
+        return mt_load(ctx, header, got);
+    }
+    uint32_t head = mt_head_bytes(header, MT_HEADER_BYTES);
+    if (head == 0) {   /* not a plan of this format: the core names what is wrong */
+        return mt_load(ctx, header, MT_HEADER_BYTES);
+    }
+    self->plan_copy = mt_malloc_maybe(head);
+    if (self->plan_copy == NULL) {
+        mt_msg_t m;
+        m.len = 0;
+        msg_str(&m, "microtrain: the plan's head needs ");
+        msg_uint(&m, head);
+        msg_str(&m, " bytes of RAM in one block; free memory (gc.collect())");
+        msg_raise(MT_MEMORY_ERROR, &m);
+    }
+    for (uint32_t at = 0; at < head; at += 512) {
+        if (file_read_at(self, at, self->plan_copy + at, head - at < 512 ? head - at : 512) != 0) {
+            raise_file("the plan's file ends before the size its header gives");
+        }
+    }
+    return mt_load_head(ctx, self->plan_copy, head, trainer_read, self);
+}
+
+/* Trainer(plan): load and validate a plan, allocate and attach its RAM. plan: a buffer (bytes,
+ * bytearray, memoryview, a ROMFS file: read in place), a path, or an open file (binary). */
 static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_t n_kw, const mp_obj_t *args) {
     mp_arg_check_num(n_args, n_kw, 1, 1, false);
     mp_buffer_info_t bi;
-    if (mp_obj_is_str(args[0]) || !mp_get_buffer(args[0], &bi, MP_BUFFER_READ)) {
-        mp_raise_TypeError(MP_ERROR_TEXT("plan must be bytes, bytearray or memoryview (a .mtp file's contents)"));
+    mp_obj_t file = mp_const_none;
+    if (mp_obj_is_str(args[0])) {
+        mp_obj_t open_args[2] = {args[0], mp_obj_new_str("rb", 2)};
+        file = mp_call_function_n_kw(mp_load_global(MP_QSTR_open), 2, 0, open_args);
+    } else if (!mp_get_buffer(args[0], &bi, MP_BUFFER_READ)) {
+        if (binary_stream(args[0]) == NULL) {
+            mp_raise_TypeError(MP_ERROR_TEXT("plan must be bytes, bytearray, memoryview, a path or a file opened 'rb' (a .mtp plan)"));
+        }
+        file = args[0];
+    }
+    /* a path to a file that has the buffer protocol (ROMFS): in place, as the file itself */
+    if (file != mp_const_none && mp_get_buffer(file, &bi, MP_BUFFER_READ)) {
+        file = mp_const_none;
     }
 
     mt_trainer_obj_t *self = mp_obj_malloc(mt_trainer_obj_t, type);
-    self->plan_obj = args[0];
-    self->plan_buf = bi.buf;
-    self->plan_len = bi.len;
+    self->plan_obj = file != mp_const_none ? file : args[0];
+    self->plan_buf = file != mp_const_none ? NULL : bi.buf;
+    self->plan_len = file != mp_const_none ? 0 : bi.len;
     mp_buffer_info_t wi;
-    self->plan_writable = mp_get_buffer(args[0], &wi, MP_BUFFER_WRITE);
+    self->plan_writable = file == mp_const_none && mp_get_buffer(args[0], &wi, MP_BUFFER_WRITE);
     self->plan_copy = NULL;
+    self->file = file;
+    self->stream = NULL;
     self->ram = NULL;
     self->scratch = NULL;
     mt_ctx_t *ctx = &self->ctx;
@@ -326,9 +471,14 @@ static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_
     ctx->err_op = -1;
     ctx->err_tensor = -1;
 
-    /* Read the plan in place if the core accepts its alignment, else copy it. */
     int rc = MT_E_ALIGN;
-    if (is_aligned(bi.buf)) {
+    if (file != mp_const_none) {
+        self->stream = mp_get_stream_raise(file, MP_STREAM_OP_READ | MP_STREAM_OP_IOCTL);
+        rc = load_from_file(self);
+        if (rc != MT_OK) {
+            mt_raise(ctx, rc);
+        }
+    } else if (is_aligned(bi.buf)) {   /* read the plan in place if the core accepts its alignment, else copy it */
         rc = mt_load(ctx, bi.buf, bi.len);
     }
     if (rc == MT_E_ALIGN) {
@@ -380,7 +530,7 @@ static mp_obj_t trainer_make_new(const mp_obj_type_t *type, size_t n_args, size_
  * they were, and using them would read freed memory. Every call that reaches the
  * plan checks first. */
 static mt_ctx_t *get_ctx(mt_trainer_obj_t *self) {
-    if (self->plan_writable) {
+    if (self->plan_writable) {   /* (a plan read from its file: its head is the Trainer's own copy) */
         mp_buffer_info_t bi;
         if (!mp_get_buffer(self->plan_obj, &bi, MP_BUFFER_READ) || bi.buf != self->plan_buf
             || bi.len != self->plan_len) {
@@ -624,7 +774,7 @@ static mp_obj_t trainer_info(mp_obj_t self_in) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(self_in);
     mt_info_t in;
     mt_check(&self->ctx, mt_info(&self->ctx, &in));
-    mp_obj_t d = mp_obj_new_dict(19);
+    mp_obj_t d = mp_obj_new_dict(25);
     /* qstrs spelled out in full: the native .mpy build finds them by name */
     #define MT_STORE(q, value) mp_obj_dict_store(d, MP_OBJ_NEW_QSTR(q), (value))
     MT_STORE(MP_QSTR_arena_bytes, new_uint(in.arena_bytes));
@@ -644,6 +794,12 @@ static mp_obj_t trainer_info(mp_obj_t self_in) {
     MT_STORE(MP_QSTR_updates, new_uint(in.updates));
     MT_STORE(MP_QSTR_rejected, new_uint(in.rejected));
     MT_STORE(MP_QSTR_format_version, new_uint(in.format_version));
+    MT_STORE(MP_QSTR_streamed, mp_obj_new_bool(in.streamed));
+    MT_STORE(MP_QSTR_head_bytes, new_uint(in.head_bytes));
+    MT_STORE(MP_QSTR_groups, new_uint(in.n_groups));
+    MT_STORE(MP_QSTR_stream_bytes, new_uint(in.stream_bytes));
+    MT_STORE(MP_QSTR_stream_reads, new_uint(in.stream_reads));
+    MT_STORE(MP_QSTR_stream_read_bytes, new_uint(in.stream_read_bytes));
     const char *input = in.input_dtype == MT_DTYPE_I8 ? "int8" : in.input_dtype == MT_DTYPE_U8 ? "uint8" : "float32";
     MT_STORE(MP_QSTR_input_dtype, mp_obj_new_str(input, strlen(input)));
     const char *loss = in.loss_kind == MT_LOSS_CROSS_ENTROPY ? "cross-entropy"

@@ -16,6 +16,11 @@
  *     mt_predict(&ctx, x, n, out, n_out);
  * Errors are MT_E_* codes; mt_error_text() turns one into the message users see.
  *
+ * A plan with a stream section (docs/plan-format.md, Streaming) may also run with only its head in
+ * memory: mt_load_head(&ctx, head, mt_head_bytes(header), read, user) instead of mt_load, the rest
+ * of the file reached through read(); the core then reads each group of constants into its window
+ * in the arena just before the ops that use it, and checks its CRC as it reads it.
+ *
  * What the core reads from the plan after mt_attach: the constants and the
  * initial parameter values (read in place, so a plan may live in flash; mt_reset
  * copies the initial values again) and, for messages and mt_param_info, the
@@ -26,6 +31,8 @@
  * the context is read in place and takes no RAM. So the plan bytes must stay
  * where they are while ctx is used; a
  * binding that lets its caller change them must check that they did not move.
+ * A plan loaded by its head (mt_load_head) keeps its head bytes so, and its file readable
+ * through read() with the same contents; a group that reads otherwise stops the step there.
  */
 #ifndef MT_H
 #define MT_H
@@ -36,6 +43,10 @@
 
 /* cdef-begin: _build_native.py hands the text from here to cdef-end to cffi,
  * with MT_* integer constants replaced by their values. */
+
+/* Reads n bytes at offset `offset` of the plan's file into dst (a plan loaded by its head:
+ * mt_load_head); returns 0 when all n were read, anything else for a failure. */
+typedef int (*mt_read_fn)(void *user, uint32_t offset, void *dst, uint32_t n);
 
 /* Everything the core knows about a loaded plan and a run. The binding holds one;
  * its fields are the core's: read them through the functions below. */
@@ -52,6 +63,17 @@ typedef struct {
     uint32_t arena_bytes, state_bytes, naive_bytes, const_bytes, context_bytes;
     uint32_t section_off, section_bytes;   /* the plan's context section (mt_plan.c), 0 for none */
     uint8_t context_in_plan;      /* 1: that section is this core's context, run in place (no RAM) */
+    /* the stream section and its groups (mt_stream.c); with read set, only the head is in memory */
+    const uint8_t *groups;        /* the group table: read at load, attach and before each group's ops */
+    uint32_t stream_off, stream_bytes, n_groups;
+    uint32_t reset_group;         /* index of the initial values' group, n_groups for none */
+    const uint8_t *stream;        /* the stream section in memory, or NULL when it is read through read */
+    mt_read_fn read;              /* NULL: the whole plan is in memory (the stream section in place) */
+    void *read_user;
+    int32_t loaded;               /* the group in its window now, -1 for none */
+    uint32_t block;               /* the block of its constants the op runs on now (mt_core.h, blocks) */
+    uint32_t stream_reads;        /* groups read since mt_load_head (wraps at 2^32) */
+    uint32_t stream_read_bytes;   /* bytes of them read (wraps at 2^32) */
     uint64_t macs;
     uint16_t input, target, output, batch;
     uint16_t plan_version;        /* what the plan says, also when it is not MT_VERSION */
@@ -104,6 +126,11 @@ typedef struct {
     uint8_t loss_kind;
     uint8_t input_dtype;          /* MT_DTYPE_F32, _I8 or _U8: what x holds */
     uint8_t context_in_plan;      /* 1: the context runs in place from the plan (its section), not RAM */
+    uint8_t streamed;             /* 1: the plan's head is in memory, its groups read from its file */
+    uint32_t head_bytes;          /* what a streamed plan keeps in memory: bytes before the stream section */
+    uint32_t stream_bytes;        /* the stream section; 0 for a plan without one */
+    uint32_t n_groups;
+    uint32_t stream_reads, stream_read_bytes;   /* groups read, and their bytes, since mt_load_head */
 } mt_info_t;
 
 /* Loading and memory */
@@ -116,6 +143,14 @@ int mt_reset(mt_ctx_t *ctx);
  * mt_ram_bytes grows by the context's bytes. MT_E_DETACHED with no plan, or RAM attached already. */
 int mt_context_in_ram(mt_ctx_t *ctx);
 
+/* A plan by its head: the bytes before its stream section (all of it for a plan without one), the
+ * rest read through read(user, ...) as the ops need it. mt_head_bytes tells how many bytes that is
+ * from the first MT_HEADER_BYTES of the file (0 where they are not a plan's header of this format).
+ * The head is validated as mt_load validates a plan, its CRC with the stream section's recorded one;
+ * the checks that need a group's bytes run at mt_attach, which reads every group once. */
+uint32_t mt_head_bytes(const void *header, size_t n);
+int mt_load_head(mt_ctx_t *ctx, const void *head, size_t head_bytes, mt_read_fn read, void *user);
+
 /* Training and inference. x holds mt_input_len() elements of mt_input_dtype():
  * float32 (any alignment), or int8 / uint8 for a plan compiled for integer input
  * (a uint8 input is stored as int8 with its zero point moved by -128). A plan that
@@ -125,6 +160,10 @@ int mt_step_label(mt_ctx_t *ctx, const void *x, size_t n_x, int32_t label, float
 int mt_step_target(mt_ctx_t *ctx, const void *x, size_t n_x, const float *target, size_t n_target, float *loss);
 int mt_predict(mt_ctx_t *ctx, const void *x, size_t n_x, float *out, size_t n_out);
 uint32_t mt_input_len(const mt_ctx_t *ctx);
+/* Where a sample goes in RAM (the arena's input tensor, mt_input_len() elements of the input's dtype),
+ * so that a caller may read one straight there and pass this pointer as x; NULL before attach and for
+ * a plan that reads its input in place. */
+void *mt_input_buffer(const mt_ctx_t *ctx);
 uint8_t mt_input_dtype(const mt_ctx_t *ctx);   /* MT_DTYPE_F32, _I8 or _U8; 0 before a plan is loaded */
 uint32_t mt_output_len(const mt_ctx_t *ctx);
 uint32_t mt_target_len(const mt_ctx_t *ctx);   /* 1 (a label) for cross-entropy */

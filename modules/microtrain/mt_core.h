@@ -33,6 +33,8 @@ typedef struct {
     uint8_t n_attrs;
     uint8_t slot[MT_MAX_SLOTS];   /* MT_SLOT(role, dtype, optional) */
     uint8_t inplace[4];           /* up to two (out slot, in slot) pairs, 255 = none */
+    uint8_t blocks;               /* 1: it may consume its stream constants in blocks, run once per block
+                                   * with ctx->block the block (mt_stream.c) */
 } mt_opspec_t;
 
 /* A tensor of the plan as checks and prepare functions see it. n is 0 for an
@@ -59,8 +61,11 @@ typedef struct {
  * same on every platform, so the context has the same size on the host (64-bit
  * pointers) as on a board, and the report's context_bytes is the board's. The
  * input region is the caller's sample, for a plan that reads its input in place
- * (MT_STORAGE_INPUT): its base is set by mt_set_input and is 0 when none is set. */
-enum { MT_REGION_STATE = 0, MT_REGION_ARENA = 1, MT_REGION_CONST = 2, MT_REGION_NONE = 3, MT_REGION_INPUT = 4 };
+ * (MT_STORAGE_INPUT): its base is set by mt_set_input and is 0 when none is set. The stream region
+ * (MT_STORAGE_STREAM) is the plan's stream section: in place where the whole plan is in memory, else
+ * the window in the arena its group was read into, its base set before each group's ops (mt_stream.c). */
+enum { MT_REGION_STATE = 0, MT_REGION_ARENA = 1, MT_REGION_CONST = 2, MT_REGION_NONE = 3, MT_REGION_INPUT = 4,
+       MT_REGION_STREAM = 5 };
 #define MT_REF_NONE ((uint32_t)MT_REGION_NONE)   /* an absent optional tensor: resolves to NULL */
 
 MT_INLINE void *mt_ptr(const mt_ctx_t *ctx, uint32_t ref) {
@@ -225,6 +230,33 @@ MT_INLINE int mt_range_ok(int32_t begin, int32_t count, uint32_t total) {
 
 #define MT_LIMIT 65535            /* largest window attribute (kernel, stride, pad, dilation) */
 
+/* ---- the stream section (mt_stream.c) ---- */
+
+typedef struct {
+    uint32_t first, last;         /* ops first..last read it; MT_RESET_GROUP: the initial values */
+    uint32_t window, lo, bytes, crc;
+} mt_group_t;
+
+void mt_group(const mt_ctx_t *ctx, uint32_t k, mt_group_t *g);
+/* Every group record in range and in order (at load). */
+int mt_groups_ok(mt_ctx_t *ctx);
+/* The op group covering op i (the first of an op's blocks), or -1; *cursor (start at 0) walks the
+ * table as i grows. */
+int32_t mt_group_of(const mt_ctx_t *ctx, uint32_t i, uint32_t *cursor);
+/* How many blocks group k starts: the groups from k on of the same single op (1 for any other). */
+uint32_t mt_group_blocks(const mt_ctx_t *ctx, int32_t k);
+/* Block b of the op whose blocks start at group k in its window, the stream region's base set for
+ * the op's references (made for block 0): read and its CRC checked if not there already (a plan by
+ * its head), or the base moved to it in place (a plan in memory). */
+int mt_stream_load(mt_ctx_t *ctx, int32_t k, uint32_t b);
+/* The stream region back in place (a plan in memory) after an op's blocks. */
+void mt_stream_done(mt_ctx_t *ctx);
+/* Every parameter's initial values copied into the state region (mt_reset), from the data section,
+ * the stream section in memory, or the reset group read through the file. */
+int mt_stream_initial_values(mt_ctx_t *ctx);
+
+uint32_t mt_crc32_more(uint32_t crc, const uint8_t *p, size_t n);
+uint32_t mt_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint32_t len_b);
 uint32_t mt_rd_u32(const uint8_t *p);
 uint16_t mt_rd_u16(const uint8_t *p);
 void mt_wr_u32(uint8_t *p, uint32_t v);

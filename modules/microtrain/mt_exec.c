@@ -39,9 +39,12 @@ int mt_set_input(mt_ctx_t *ctx, const void *x, size_t n_x) {
         ctx->base[MT_REGION_INPUT] = (uintptr_t)x - MT_REGION_INPUT;
         return MT_OK;
     }
+    /* x may be the input tensor itself (mt_input_buffer): nothing to copy then */
     if (ctx->input_dtype != MT_DTYPE_F32) {
         int8_t *in = (int8_t *)mt_ptr(ctx, ctx->in_ref);
-        memcpy(in, x, n_x);
+        if ((const void *)in != x) {
+            memcpy(in, x, n_x);
+        }
         if (ctx->input_dtype == MT_DTYPE_U8) {
             for (size_t i = 0; i < n_x; i++) {
                 in[i] = (int8_t)((uint8_t)in[i] ^ 0x80u);
@@ -50,19 +53,46 @@ int mt_set_input(mt_ctx_t *ctx, const void *x, size_t n_x) {
         return MT_OK;
     }
     float *in = MT_F32(ctx, ctx->in_ref);
-    memcpy(in, x, n_x * sizeof(float));
+    if ((const void *)in != x) {
+        memcpy(in, x, n_x * sizeof(float));
+    }
     return mt_all_finite(in, ctx->n_in) ? MT_OK : MT_E_NONFINITE;
 }
 
-/* Run the records in [begin, end) of the context; first is the index of the first. */
+void *mt_input_buffer(const mt_ctx_t *ctx) {
+    return ready(ctx) && !input_in_place(ctx) ? mt_ptr(ctx, ctx->in_ref) : NULL;
+}
+
+/* Run the records in [begin, end) of the context; first is the index of the first. A plan read by
+ * its head has each group of constants read into its window before the first op that needs it
+ * (mt_stream.c); the window is free for other tensors after its last op, so nothing is assumed
+ * loaded when a run starts, or after a failure. */
 static int run_ops(mt_ctx_t *ctx, uint32_t begin, uint32_t end, uint32_t first) {
     const uint8_t *p = mt_context(ctx) + begin, *stop = mt_context(ctx) + end;
+    uint32_t cursor = 0;
+    ctx->loaded = -1;
     while (p < stop) {
         const mt_rec_t *r = (const mt_rec_t *)p;
-        int err = mt_opdefs[r->code]->run(ctx, r);
+        int32_t g = mt_group_of(ctx, first, &cursor);
+        const uint32_t blocks = mt_group_blocks(ctx, g);
+        int err = MT_OK;
+        for (uint32_t b = 0; b < blocks && err == MT_OK; b++) {   /* an op on blocks of constants: each in turn */
+            ctx->block = b;
+            err = mt_stream_load(ctx, g, b);
+            if (err == MT_OK) {
+                err = mt_opdefs[r->code]->run(ctx, r);
+            }
+        }
+        if (blocks > 1) {
+            mt_stream_done(ctx);
+        }
         if (err != MT_OK) {
+            ctx->loaded = -1;
             ctx->err_op = (int32_t)first;
             return err;
+        }
+        if (g >= 0 && (blocks > 1 || mt_rd_u16(ctx->groups + (uint32_t)g * MT_GROUP_BYTES + MT_G_LAST_OP) == first)) {
+            ctx->loaded = -1;
         }
         p += r->bytes;
         first++;

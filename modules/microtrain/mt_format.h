@@ -4,7 +4,7 @@
 #define MT_FORMAT_H
 
 #define MT_MAGIC "MTPL"
-#define MT_VERSION 3
+#define MT_VERSION 4
 #define MT_ALIGN 8
 #define MT_NO_TENSOR 0xFFFF
 #define MT_NO_NAME 0xFFFFFFFFU
@@ -15,7 +15,7 @@
 #define MT_OP_HEAD_BYTES 4
 
 /* header field byte offsets */
-#define MT_HEADER_BYTES 136
+#define MT_HEADER_BYTES 144
 #define MT_H_MAGIC 0
 #define MT_H_VERSION 4
 #define MT_H_HEADER_BYTES 6
@@ -55,7 +55,12 @@
 #define MT_H_RESERVED3 115
 #define MT_H_CONTEXT_OFF 116
 #define MT_H_CONTEXT_BYTES 120
-#define MT_H_RESERVED2 124
+#define MT_H_STREAM_OFF 124
+#define MT_H_STREAM_BYTES 128
+#define MT_H_STREAM_CRC32 132
+#define MT_H_GROUPS_OFF 136
+#define MT_H_N_GROUPS 140
+#define MT_H_RESERVED2 142
 
 /* tensor record field byte offsets */
 #define MT_TENSOR_BYTES 40
@@ -81,10 +86,23 @@
 #define MT_Q_SCALE 0
 #define MT_Q_ZERO_POINT 4
 #define MT_Q_AXIS 8
-#define MT_Q_RESERVED 9
+#define MT_Q_WHERE 9
+#define MT_Q_RESERVED 10
 #define MT_Q_N_CHANNELS 12
 #define MT_Q_SCALES 16
 #define MT_Q_ZERO_POINTS 20
+#define MT_QUANT_IN_DATA 0
+#define MT_QUANT_IN_STREAM 1
+
+/* stream group record field byte offsets */
+#define MT_GROUP_BYTES 20
+#define MT_RESET_GROUP 0xFFFF
+#define MT_G_FIRST_OP 0
+#define MT_G_LAST_OP 2
+#define MT_G_WINDOW 4
+#define MT_G_LO 8
+#define MT_G_BYTES 12
+#define MT_G_CRC32 16
 
 /* training-state blob: header field byte offsets; the state region and a CRC-32 follow */
 #define MT_STATE_MAGIC "MTST"
@@ -117,6 +135,7 @@
 #define MT_STORAGE_CONST 1
 #define MT_STORAGE_STATE 2
 #define MT_STORAGE_INPUT 3
+#define MT_STORAGE_STREAM 4
 
 /* tensor flags */
 #define MT_TFLAG_PARAM 1
@@ -1047,7 +1066,7 @@
 #define MT_CONV2D_PW_INPLACE_W8_A_GROUPS 8
 #define MT_OP_PWDW_W8 73
 #define MT_PWDW_W8_NSLOTS 15
-#define MT_PWDW_W8_NATTRS 13
+#define MT_PWDW_W8_NATTRS 14
 #define MT_PWDW_W8_X 0
 #define MT_PWDW_W8_W 1
 #define MT_PWDW_W8_B 2
@@ -1076,9 +1095,10 @@
 #define MT_PWDW_W8_A_HI_BITS 10
 #define MT_PWDW_W8_A_LO2_BITS 11
 #define MT_PWDW_W8_A_HI2_BITS 12
+#define MT_PWDW_W8_A_C_TOTAL 13
 #define MT_OP_PWDW_W8_BWD 74
 #define MT_PWDW_W8_BWD_NSLOTS 20
-#define MT_PWDW_W8_BWD_NATTRS 9
+#define MT_PWDW_W8_BWD_NATTRS 10
 #define MT_PWDW_W8_BWD_DY 0
 #define MT_PWDW_W8_BWD_W2 1
 #define MT_PWDW_W8_BWD_M2 2
@@ -1108,6 +1128,7 @@
 #define MT_PWDW_W8_BWD_A_DIL_H 6
 #define MT_PWDW_W8_BWD_A_DIL_W 7
 #define MT_PWDW_W8_BWD_A_GROUPS 8
+#define MT_PWDW_W8_BWD_A_C_TOTAL 9
 #define MT_OP_MAX 80
 
 /* every op, for the core's op table: X(NAME) per op; each kernel file defines mt_op_NAME */
@@ -1209,87 +1230,87 @@
 #define MT_SLOT_DTYPE(s) (((s) >> 2) & 31)
 #define MT_SLOT_OPTIONAL(s) (((s) >> 7) & 1)
 #define MT_OPSPECS_INIT { \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D */ \
-    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT */ \
-    {5, 13, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}}, /* CONV2D_BWD_WEIGHT */ \
-    {4, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GEMM */ \
-    {3, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GEMM_BWD_INPUT */ \
-    {5, 5, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}}, /* GEMM_BWD_WEIGHT */ \
-    {4, 2, {MT_SLOT(0, 1, 0), MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}}, /* BIAS_BWD */ \
-    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {1, 0, 255, 255}}, /* CLIP */ \
-    {3, 2, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* CLIP_BWD */ \
-    {2, 11, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MAXPOOL */ \
-    {3, 11, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MAXPOOL_BWD */ \
-    {2, 11, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* AVGPOOL */ \
-    {2, 11, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* AVGPOOL_BWD */ \
-    {2, 0, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GAP */ \
-    {2, 0, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GAP_BWD */ \
-    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 0, 2, 1}}, /* ADD */ \
-    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SOFTMAX_CE */ \
-    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MSE */ \
-    {3, 0, {MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 0)}, {255, 255, 255, 255}}, /* SGD */ \
-    {2, 0, {MT_SLOT(0, 1, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* QUANTIZE */ \
-    {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* DEQUANTIZE */ \
-    {6, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV2D_Q8 */ \
-    {6, 3, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* GEMM_Q8 */ \
-    {3, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {2, 0, 2, 1}}, /* ADD_Q8 */ \
-    {2, 11, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* MAXPOOL_Q8 */ \
-    {4, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* AVGPOOL_Q8 */ \
-    {2, 2, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* GAP_Q8 */ \
-    {3, 2, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* CLIP_BWD_Q8 */ \
-    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_Q8 */ \
-    {3, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GEMM_BWD_INPUT_Q8 */ \
-    {3, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MAXPOOL_BWD_Q8 */ \
-    {11, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* PWDW_Q8 */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {2, 1, {MT_SLOT(3, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GRAD_NORM2 */ \
-    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(3, 1, 0)}, {255, 255, 255, 255}}, /* GRAD_CLIP */ \
-    {2, 3, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {1, 0, 255, 255}}, /* ACT */ \
-    {3, 3, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* ACT_BWD */ \
-    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 0, 2, 1}}, /* MUL */ \
-    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* MUL_BWD_CHANNEL */ \
-    {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* AFFINE */ \
-    {5, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONCAT */ \
-    {2, 1, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SLICE */ \
-    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(1, 4, 0)}, {255, 255, 255, 255}}, /* MASK_PACK */ \
-    {3, 0, {MT_SLOT(0, 4, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}}, /* MASK_BWD */ \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {0, 0, {0}, {255, 255, 255, 255}}, \
-    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* GATHER_CH */ \
-    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* SCATTER_CH */ \
-    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE */ \
-    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE */ \
-    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC */ \
-    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_W8 */ \
-    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_DW_INPLACE_W8 */ \
-    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_BWD_INPUT_W8 */ \
-    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}}, /* CONV2D_BWD_INPUT_DW_INPLACE_W8 */ \
-    {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* DEQUANTIZE_W */ \
-    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* CONV2D_ACC_W8 */ \
-    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_PW_INPLACE_W8 */ \
-    {7, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {6, 0, 255, 255}}, /* CONV2D_Q8_DW_INPLACE */ \
-    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}}, /* CONV2D_PW_INPLACE */ \
-    {16, 24, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV_DW_PW_Q8_TO_PIPE */ \
-    {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}}, /* SCATTER_ACC_CH */ \
-    {16, 23, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV_DW_PW_Q8 */ \
-    {15, 13, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 4, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 4, 1), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8 */ \
-    {20, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 4, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(0, 3, 0), MT_SLOT(0, 4, 0), MT_SLOT(1, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(1, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}}, /* PWDW_W8_BWD */ \
-    {16, 24, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}}, /* CONV_DW_PW_Q8_FROM_PIPE */ \
-    {5, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_DQ_W8 */ \
-    {5, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* CONV2D_DQ */ \
-    {16, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* PWDW_DQ_W8 */ \
-    {16, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}}, /* PWDW_DQ */ \
-    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {2, 0, 255, 255}}, /* ADD_DQ */ \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* CONV2D */ \
+    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* CONV2D_BWD_INPUT */ \
+    {5, 13, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}, 0}, /* CONV2D_BWD_WEIGHT */ \
+    {4, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* GEMM */ \
+    {3, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* GEMM_BWD_INPUT */ \
+    {5, 5, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}, 0}, /* GEMM_BWD_WEIGHT */ \
+    {4, 2, {MT_SLOT(0, 1, 0), MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}, 0}, /* BIAS_BWD */ \
+    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {1, 0, 255, 255}, 0}, /* CLIP */ \
+    {3, 2, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}, 0}, /* CLIP_BWD */ \
+    {2, 11, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* MAXPOOL */ \
+    {3, 11, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* MAXPOOL_BWD */ \
+    {2, 11, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* AVGPOOL */ \
+    {2, 11, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* AVGPOOL_BWD */ \
+    {2, 0, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* GAP */ \
+    {2, 0, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* GAP_BWD */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 0, 2, 1}, 0}, /* ADD */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* SOFTMAX_CE */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* MSE */ \
+    {3, 0, {MT_SLOT(2, 1, 0), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 0)}, {255, 255, 255, 255}, 0}, /* SGD */ \
+    {2, 0, {MT_SLOT(0, 1, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* QUANTIZE */ \
+    {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* DEQUANTIZE */ \
+    {6, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* CONV2D_Q8 */ \
+    {6, 3, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* GEMM_Q8 */ \
+    {3, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {2, 0, 2, 1}, 0}, /* ADD_Q8 */ \
+    {2, 11, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* MAXPOOL_Q8 */ \
+    {4, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* AVGPOOL_Q8 */ \
+    {2, 2, {MT_SLOT(0, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* GAP_Q8 */ \
+    {3, 2, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}, 0}, /* CLIP_BWD_Q8 */ \
+    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* CONV2D_BWD_INPUT_Q8 */ \
+    {3, 1, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* GEMM_BWD_INPUT_Q8 */ \
+    {3, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* MAXPOOL_BWD_Q8 */ \
+    {11, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* PWDW_Q8 */ \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {2, 1, {MT_SLOT(3, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* GRAD_NORM2 */ \
+    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(3, 1, 0)}, {255, 255, 255, 255}, 0}, /* GRAD_CLIP */ \
+    {2, 3, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {1, 0, 255, 255}, 0}, /* ACT */ \
+    {3, 3, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}, 0}, /* ACT_BWD */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 0, 2, 1}, 0}, /* MUL */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* MUL_BWD_CHANNEL */ \
+    {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}, 0}, /* AFFINE */ \
+    {5, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* CONCAT */ \
+    {2, 1, {MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* SLICE */ \
+    {2, 2, {MT_SLOT(0, 1, 0), MT_SLOT(1, 4, 0)}, {255, 255, 255, 255}, 0}, /* MASK_PACK */ \
+    {3, 0, {MT_SLOT(0, 4, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {2, 1, 255, 255}, 0}, /* MASK_BWD */ \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {0, 0, {0}, {255, 255, 255, 255}, 0}, \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* GATHER_CH */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* SCATTER_CH */ \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}, 0}, /* CONV2D_DW_INPLACE */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}, 0}, /* CONV2D_BWD_INPUT_DW_INPLACE */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}, 0}, /* CONV2D_ACC */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* CONV2D_W8 */ \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}, 0}, /* CONV2D_DW_INPLACE_W8 */ \
+    {3, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* CONV2D_BWD_INPUT_W8 */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {3, 0, 255, 255}, 0}, /* CONV2D_BWD_INPUT_DW_INPLACE_W8 */ \
+    {2, 0, {MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* DEQUANTIZE_W */ \
+    {4, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}, 0}, /* CONV2D_ACC_W8 */ \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}, 0}, /* CONV2D_PW_INPLACE_W8 */ \
+    {7, 11, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {6, 0, 255, 255}, 0}, /* CONV2D_Q8_DW_INPLACE */ \
+    {5, 9, {MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {4, 0, 255, 255}, 0}, /* CONV2D_PW_INPLACE */ \
+    {16, 24, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* CONV_DW_PW_Q8_TO_PIPE */ \
+    {4, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 1, 0), MT_SLOT(1, 1, 0)}, {3, 2, 255, 255}, 0}, /* SCATTER_ACC_CH */ \
+    {16, 23, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* CONV_DW_PW_Q8 */ \
+    {15, 14, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 4, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 4, 1), MT_SLOT(0, 3, 1), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 1)}, {255, 255, 255, 255}, 1}, /* PWDW_W8 */ \
+    {20, 10, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(0, 4, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(0, 3, 0), MT_SLOT(0, 4, 0), MT_SLOT(1, 1, 0), MT_SLOT(0, 3, 1), MT_SLOT(1, 1, 1), MT_SLOT(0, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(1, 1, 1), MT_SLOT(2, 1, 1), MT_SLOT(3, 1, 1), MT_SLOT(3, 1, 1)}, {255, 255, 255, 255}, 1}, /* PWDW_W8_BWD */ \
+    {16, 24, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0)}, {255, 255, 255, 255}, 0}, /* CONV_DW_PW_Q8_FROM_PIPE */ \
+    {5, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* CONV2D_DQ_W8 */ \
+    {5, 9, {MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* CONV2D_DQ */ \
+    {16, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* PWDW_DQ_W8 */ \
+    {16, 13, {MT_SLOT(0, 3, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(0, 3, 0), MT_SLOT(0, 2, 1), MT_SLOT(0, 2, 0), MT_SLOT(0, 2, 0), MT_SLOT(1, 3, 0), MT_SLOT(1, 3, 0), MT_SLOT(0, 1, 0), MT_SLOT(0, 1, 1), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0), MT_SLOT(1, 1, 0)}, {255, 255, 255, 255}, 0}, /* PWDW_DQ */ \
+    {3, 0, {MT_SLOT(0, 1, 0), MT_SLOT(0, 3, 0), MT_SLOT(1, 1, 0)}, {2, 0, 255, 255}, 0}, /* ADD_DQ */ \
 }
 
 /* error codes */
@@ -1333,7 +1354,10 @@
 #define MT_E_W8_SCALES 37
 #define MT_E_PARAM_RANGE 38
 #define MT_E_NO_INPUT 39
-#define MT_E_COUNT 40
+#define MT_E_GROUP 40
+#define MT_E_STREAM_READ 41
+#define MT_E_STREAM_CRC 42
+#define MT_E_COUNT 43
 /* the messages as one string, NUL-separated: no pointer table to relocate */
 #define MT_ERROR_MESSAGES \
     "ok\0" \
@@ -1375,6 +1399,9 @@
     "gradient is not finite; parameters were not updated\0" \
     "an int8 weight of a float op needs one scale per output channel (a per-channel quantization record along axis 0, zero points 0) and filters of at most 64 taps: recompile the plan\0" \
     "parameter value outside its int8 range (127 times its channel's scale): set a smaller value\0" \
-    "the plan reads its input in place and none is set: mt_set_input first\0"
+    "the plan reads its input in place and none is set: mt_set_input first\0" \
+    "invalid stream group record (outside the stream section or the arena, or out of op order)\0" \
+    "reading the plan's constants from its file failed (a read error, or the file is shorter than the plan): the step stopped before the op that needed them\0" \
+    "constants read from the plan's file do not match their CRC (the file changed or was damaged after the Trainer opened it): the step stopped before the op that needed them\0"
 
 #endif /* MT_FORMAT_H */

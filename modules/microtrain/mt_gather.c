@@ -19,7 +19,8 @@ typedef struct {
 static int gather_shapes_ok(const mt_ctx_t *ctx, const mt_tensor_t *full, const mt_tensor_t *part,
     const mt_tensor_t *idx) {
     if (full->ndim < 2 || full->ndim != part->ndim || full->dim[0] != 1 || part->dim[0] != 1 || full->dim[1] == 0
-        || part->dim[1] == 0 || part->dim[1] > full->dim[1] || idx->storage != MT_STORAGE_CONST
+        || part->dim[1] == 0 || part->dim[1] > full->dim[1]
+        || (idx->storage != MT_STORAGE_CONST && idx->storage != MT_STORAGE_STREAM)
         || idx->dtype != MT_DTYPE_I32 || idx->n != part->dim[1]) {
         return 0;
     }

@@ -36,7 +36,8 @@ static void tensor_view(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t) {
         return;
     }
     const uint8_t *r = tensor_record(ctx, tid);
-    static const uint8_t region[4] = {MT_REGION_ARENA, MT_REGION_CONST, MT_REGION_STATE, MT_REGION_INPUT};   /* by storage */
+    static const uint8_t region[5] = {MT_REGION_ARENA, MT_REGION_CONST, MT_REGION_STATE, MT_REGION_INPUT,
+                                      MT_REGION_STREAM};   /* by storage */
     t->dtype = r[MT_T_DTYPE];
     t->storage = r[MT_T_STORAGE];
     t->ndim = r[MT_T_NDIM];
@@ -50,6 +51,10 @@ static void tensor_view(const mt_ctx_t *ctx, uint16_t tid, mt_tensor_t *t) {
     t->quant = mt_rd_u16(r + MT_T_QUANT);
 }
 
+/* The header of a plan whose first len bytes are at p: the whole file, or (ctx->read set) its head,
+ * the bytes before the stream section. The CRC of the file is checked either way: over all of it, or
+ * over the head combined with the stream section's recorded CRC (mt_crc32_combine); in memory, that
+ * record is checked too, so a plan that loads whole also loads by its head. */
 static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (len < MT_HEADER_BYTES) {
         FAIL(MT_E_TRUNCATED, -1, -1);
@@ -65,15 +70,38 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     if (mt_rd_u16(p + MT_H_HEADER_BYTES) != MT_HEADER_BYTES || file_bytes < MT_HEADER_BYTES) {
         FAIL(MT_E_HEADER, -1, -1);
     }
-    if (len < file_bytes) {
+    /* the stream section: at a multiple of 8 after the header, to the end of the file at most */
+    ctx->stream_off = mt_rd_u32(p + MT_H_STREAM_OFF);
+    ctx->stream_bytes = mt_rd_u32(p + MT_H_STREAM_BYTES);
+    uint32_t stream_crc = mt_rd_u32(p + MT_H_STREAM_CRC32);
+    uint32_t g_off = mt_rd_u32(p + MT_H_GROUPS_OFF);
+    ctx->n_groups = mt_rd_u16(p + MT_H_N_GROUPS);
+    int split = ctx->stream_off >= MT_CRC_START && ctx->stream_off <= file_bytes;
+    /* in memory: the whole file; by its head: exactly the bytes before the stream section */
+    uint32_t have = ctx->read == NULL || ctx->stream_off == 0 ? file_bytes : ctx->stream_off;
+    if (len < have) {
         FAIL(MT_E_TRUNCATED, -1, -1);
     }
-    if (len > file_bytes) {
+    if (len > have) {
         FAIL(MT_E_OVERSIZE, -1, -1);
     }
     ctx->plan_crc = mt_rd_u32(p + MT_H_CRC32);
-    if (mt_crc32(p + MT_CRC_START, file_bytes - MT_CRC_START) != ctx->plan_crc) {
+    uint32_t head = split ? ctx->stream_off : file_bytes;
+    uint32_t crc = mt_crc32(p + MT_CRC_START, head - MT_CRC_START);
+    if (split) {
+        uint32_t tail = ctx->read == NULL ? mt_crc32(p + head, file_bytes - head) : stream_crc;
+        crc = mt_crc32_combine(crc, tail, file_bytes - head);
+        if (crc == ctx->plan_crc && tail != stream_crc) {   /* the file is whole but its stream record is wrong */
+            FAIL(MT_E_CRC, -1, -1);
+        }
+    }
+    if (crc != ctx->plan_crc) {
         FAIL(MT_E_CRC, -1, -1);
+    }
+    if (ctx->stream_off == 0 ? ctx->stream_bytes != 0 || stream_crc != 0 || g_off != 0 || ctx->n_groups != 0
+                             : !section_ok(ctx->stream_off, ctx->stream_bytes, file_bytes) || ctx->stream_bytes == 0
+                               || ctx->n_groups == 0) {
+        FAIL(MT_E_HEADER, -1, -1);
     }
     if (mt_rd_u32(p + MT_H_FLAGS) != 0 || p[MT_H_RESERVED0] != 0 || mt_rd_u16(p + MT_H_RESERVED1) != 0
         || p[MT_H_RESERVED3] != 0) {
@@ -97,12 +125,13 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     ctx->ops_bytes = mt_rd_u32(p + MT_H_OPS_BYTES);
     ctx->data_bytes = mt_rd_u32(p + MT_H_DATA_BYTES);
     ctx->names_bytes = mt_rd_u32(p + MT_H_NAMES_BYTES);
-    if (!section_ok(t_off, ctx->n_tensors * (uint32_t)MT_TENSOR_BYTES, file_bytes)
-        || !section_ok(o_off, ctx->ops_bytes, file_bytes)
-        || !section_ok(d_off, ctx->data_bytes, file_bytes)
-        || !section_ok(n_off, ctx->names_bytes, file_bytes)
+    if (!section_ok(t_off, ctx->n_tensors * (uint32_t)MT_TENSOR_BYTES, head)
+        || !section_ok(o_off, ctx->ops_bytes, head)
+        || !section_ok(d_off, ctx->data_bytes, head)
+        || !section_ok(n_off, ctx->names_bytes, head)
         || !section_ok(m_off, mt_rd_u32(p + MT_H_META_BYTES), file_bytes)
-        || !section_ok(q_off, ctx->n_quant * (uint32_t)MT_QUANT_BYTES, file_bytes)) {
+        || !section_ok(q_off, ctx->n_quant * (uint32_t)MT_QUANT_BYTES, head)
+        || (ctx->stream_off != 0 && !section_ok(g_off, ctx->n_groups * (uint32_t)MT_GROUP_BYTES, head))) {
         FAIL(MT_E_SECTION, -1, -1);
     }
     /* the prepared context (see ctx_check_t): 4-byte aligned within the file, or none at all */
@@ -117,6 +146,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     ctx->data = p + d_off;
     ctx->names = p + n_off;
     ctx->quant = p + q_off;
+    ctx->groups = p + g_off;
+    ctx->stream = ctx->stream_off != 0 && ctx->read == NULL ? p + ctx->stream_off : NULL;
     if (ctx->names_bytes > 0 && ctx->names[ctx->names_bytes - 1] != 0) {
         FAIL(MT_E_NAME, -1, -1);
     }
@@ -126,7 +157,8 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
     ctx->const_bytes = mt_rd_u32(p + MT_H_CONST_BYTES);
     ctx->macs = (uint64_t)mt_rd_u32(p + MT_H_MACS_LO) | ((uint64_t)mt_rd_u32(p + MT_H_MACS_HI) << 32);
     if (ctx->arena_bytes % MT_ALIGN != 0 || ctx->state_bytes % MT_ALIGN != 0
-        || (uint64_t)ctx->arena_bytes + ctx->state_bytes > 0x7FFFFFF8u || ctx->const_bytes > ctx->data_bytes) {
+        || (uint64_t)ctx->arena_bytes + ctx->state_bytes > 0x7FFFFFF8u
+        || (uint64_t)ctx->const_bytes > (uint64_t)ctx->data_bytes + ctx->stream_bytes) {
         FAIL(MT_E_HEADER, -1, -1);
     }
     ctx->input = mt_rd_u16(p + MT_H_INPUT_TENSOR);
@@ -146,12 +178,35 @@ static int validate_header(mt_ctx_t *ctx, const uint8_t *p, size_t len) {
         || ctx->momentum >= 1.0f || ctx->weight_decay < 0.0f) {
         FAIL(MT_E_OPTIM, -1, -1);
     }
-    return MT_OK;
+    return mt_groups_ok(ctx);
+}
+
+/* The values of a per-channel record's n scales (positive normal floats) and zero points (NULL for
+ * none; in [lo, hi]), where they are in memory. */
+static int quant_values_ok(const uint8_t *scales, const uint8_t *zps, uint32_t n, int32_t lo, int32_t hi) {
+    for (uint32_t c = 0; c < n; c++) {
+        if (!mt_f32_positive_normal(rd_f32(scales + 4 * c))) {
+            return 0;
+        }
+    }
+    for (uint32_t c = 0; zps != NULL && c < n; c++) {
+        int32_t z = (int32_t)mt_rd_u32(zps + 4 * c);
+        if (z < lo || z > hi) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* [off, off + n*4) inside a section of `bytes`, off a multiple of 4 */
+static int array_ok(uint32_t off, uint32_t n, uint32_t bytes) {
+    return off % 4 == 0 && off <= bytes && (uint64_t)n * 4u <= bytes - off;
 }
 
 /* Quantization record qi for a tensor of this dtype and shape: a positive
- * finite scale (or per-channel scales in the data section), zero points in the
- * dtype's range (0 for an int32 bias), the channel axis inside the shape. */
+ * finite scale (or per-channel scales in the data or the stream section), zero points in the
+ * dtype's range (0 for an int32 bias), the channel axis inside the shape. Values in a stream section
+ * that is not in memory are checked when their group is read at attach (check_streamed_quant). */
 static int quant_ok(const mt_ctx_t *ctx, uint32_t qi, uint8_t dtype, uint8_t ndim, const uint8_t *r) {
     if (qi >= ctx->n_quant) {
         return 0;
@@ -164,7 +219,7 @@ static int quant_ok(const mt_ctx_t *ctx, uint32_t qi, uint8_t dtype, uint8_t ndi
         case MT_DTYPE_I32: lo = 0; hi = 0; break;   /* a bias: real = scale * q */
         default: return 0;
     }
-    if (q[MT_Q_RESERVED] != 0 || q[MT_Q_RESERVED + 1] != 0 || q[MT_Q_RESERVED + 2] != 0) {
+    if (q[MT_Q_RESERVED] != 0 || q[MT_Q_RESERVED + 1] != 0) {
         return 0;
     }
     float scale = rd_f32(q + MT_Q_SCALE);
@@ -172,34 +227,23 @@ static int quant_ok(const mt_ctx_t *ctx, uint32_t qi, uint8_t dtype, uint8_t ndi
     uint8_t axis = q[MT_Q_AXIS];
     uint32_t n = mt_rd_u32(q + MT_Q_N_CHANNELS), scales = mt_rd_u32(q + MT_Q_SCALES);
     uint32_t zps = mt_rd_u32(q + MT_Q_ZERO_POINTS);
+    uint8_t where = q[MT_Q_WHERE];
     if (axis == MT_PER_TENSOR) {
         return mt_f32_positive_normal(scale) && zp >= lo && zp <= hi && n == 1 && scales == MT_NO_NAME
-               && zps == MT_NO_NAME;
+               && zps == MT_NO_NAME && where == MT_QUANT_IN_DATA;
     }
     if (axis >= ndim || n != mt_rd_u32(r + MT_T_DIM0 + 4u * axis) || scale != 0.0f || zp != 0) {
         return 0;
     }
-    if (scales % 4 != 0 || scales > ctx->data_bytes || (uint64_t)n * 4u > ctx->data_bytes - scales) {
+    if (where != MT_QUANT_IN_DATA && where != MT_QUANT_IN_STREAM) {
         return 0;
     }
-    for (uint32_t c = 0; c < n; c++) {
-        float s = rd_f32(ctx->data + scales + 4 * c);
-        if (!mt_f32_positive_normal(s)) {
-            return 0;
-        }
+    const uint8_t *base = where == MT_QUANT_IN_DATA ? ctx->data : ctx->stream;   /* NULL: not in memory */
+    uint32_t bytes = where == MT_QUANT_IN_DATA ? ctx->data_bytes : ctx->stream_bytes;
+    if (!array_ok(scales, n, bytes) || (zps != MT_NO_NAME && !array_ok(zps, n, bytes))) {
+        return 0;
     }
-    if (zps != MT_NO_NAME) {
-        if (zps % 4 != 0 || zps > ctx->data_bytes || (uint64_t)n * 4u > ctx->data_bytes - zps) {
-            return 0;
-        }
-        for (uint32_t c = 0; c < n; c++) {
-            int32_t z = (int32_t)mt_rd_u32(ctx->data + zps + 4 * c);
-            if (z < lo || z > hi) {
-                return 0;
-            }
-        }
-    }
-    return 1;
+    return base == NULL || quant_values_ok(base + scales, zps != MT_NO_NAME ? base + zps : NULL, n, lo, hi);
 }
 
 /* One tensor record, against the header's region sizes. No side effects: it runs
@@ -239,6 +283,7 @@ static int tensor_ok(const mt_ctx_t *ctx, uint32_t i) {
         case MT_STORAGE_ARENA: region = ctx->arena_bytes; break;
         case MT_STORAGE_STATE: region = ctx->state_bytes; break;
         case MT_STORAGE_CONST: region = ctx->data_bytes; break;
+        case MT_STORAGE_STREAM: region = ctx->stream_bytes; break;   /* 0 in a plan without a stream section */
         case MT_STORAGE_INPUT:   /* the caller's sample, read in place: the input tensor or a view of it */
             if (ctx->input >= ctx->n_tensors || off != 0
                 || tensor_record(ctx, ctx->input)[MT_T_STORAGE] != MT_STORAGE_INPUT) {
@@ -262,7 +307,10 @@ static int tensor_ok(const mt_ctx_t *ctx, uint32_t i) {
         return MT_E_TENSOR;
     }
     if (kind == MT_TFLAG_PARAM) {
-        if (init % MT_ALIGN != 0 || init > ctx->data_bytes || bytes > ctx->data_bytes - init) {
+        /* the initial values: in the data section, or with a reset group in the stream section (their
+         * place in it: validate_tensors) */
+        uint32_t from = ctx->reset_group < ctx->n_groups ? ctx->stream_bytes : ctx->data_bytes;
+        if (init % MT_ALIGN != 0 || init > from || bytes > from - init) {
             return MT_E_TENSOR;
         }
     } else if (init != MT_NO_NAME) {
@@ -276,22 +324,43 @@ static int tensor_ok(const mt_ctx_t *ctx, uint32_t i) {
         return MT_E_TENSOR;
     }
     if (kind == MT_TFLAG_PARAM && dtype == MT_DTYPE_I8) {   /* an int8 trained weight: per-channel scales, no zero points */
+        /* ... in the data section: the parameter functions read them outside any op (mt_state.c) */
         const uint8_t *q = qi != MT_NO_QUANT ? ctx->quant + qi * MT_QUANT_BYTES : NULL;
-        if (q == NULL || q[MT_Q_AXIS] == MT_PER_TENSOR || mt_rd_u32(q + MT_Q_ZERO_POINTS) != MT_NO_NAME) {
+        if (q == NULL || q[MT_Q_AXIS] == MT_PER_TENSOR || mt_rd_u32(q + MT_Q_ZERO_POINTS) != MT_NO_NAME
+            || q[MT_Q_WHERE] != MT_QUANT_IN_DATA) {
             return MT_E_TENSOR;
         }
     }
     return MT_OK;
 }
 
+/* Every tensor record; with a reset group, the parameters' initial values fill it in table order, each
+ * at the first multiple of 8 after the one before (mt_stream.c reads them so). */
 static int validate_tensors(mt_ctx_t *ctx) {
-    uint32_t n_params = 0;
+    uint32_t n_params = 0, at = 0, end = 0;
+    int reset = ctx->reset_group < ctx->n_groups;
+    mt_group_t g = {0, 0, 0, 0, 0, 0};
+    if (reset) {
+        mt_group(ctx, ctx->reset_group, &g);
+        at = g.lo;
+    }
     for (uint32_t i = 0; i < ctx->n_tensors; i++) {
         int err = tensor_ok(ctx, i);
         if (err != MT_OK) {
             FAIL(err, -1, (int32_t)i);
         }
-        n_params += (tensor_record(ctx, i)[MT_T_FLAGS] & MT_TFLAG_PARAM) != 0;
+        const uint8_t *r = tensor_record(ctx, i);
+        if (r[MT_T_FLAGS] & MT_TFLAG_PARAM) {
+            n_params++;
+            if (reset && mt_rd_u32(r + MT_T_INIT) != at) {
+                FAIL(MT_E_GROUP, -1, (int32_t)i);
+            }
+            end = mt_rd_u32(r + MT_T_INIT) + mt_rd_u32(r + MT_T_BYTES);   /* inside a section: no wrap */
+            at = (uint32_t)(((uint64_t)end + MT_ALIGN - 1) & ~(uint64_t)(MT_ALIGN - 1));
+        }
+    }
+    if (reset && (n_params == 0 || end != g.lo + g.bytes)) {
+        FAIL(MT_E_GROUP, -1, -1);
     }
     ctx->n_params = n_params;
     return MT_OK;
@@ -390,7 +459,7 @@ static int inplace_allowed(const mt_opspec_t *spec, int out, int in) {
     return (spec->inplace[0] == out && spec->inplace[1] == in) || (spec->inplace[2] == out && spec->inplace[3] == in);
 }
 
-/* What every op must satisfy (format.py's slot table), then its own check. */
+/* What every op must satisfy (format.py's slot table); its own check runs after (walk_ops). */
 static int validate_op(mt_ctx_t *ctx, uint32_t index, const mt_op_t *op) {
     int32_t oi = (int32_t)index;
     if (op->code < 1 || op->code > MT_OP_MAX || mt_opspecs[op->code].n_slots == 0 || mt_opdefs[op->code] == NULL) {
@@ -465,9 +534,134 @@ static int validate_op(mt_ctx_t *ctx, uint32_t index, const mt_op_t *op) {
             FAIL(MT_E_ALIAS, oi, op->tid[o]);
         }
     }
-    int err = mt_opdefs[op->code]->check(ctx, op);
+    return MT_OK;
+}
+
+/* ---- ops and the stream section ---- */
+
+/* The stream bytes op reads, widened into [*lo, *hi): its STREAM tensors and the per-channel scales
+ * and zero points its tensors keep in the stream section (a kernel reads those through mt_quant_of). */
+static void stream_extent(const mt_ctx_t *ctx, const mt_op_t *op, uint32_t *lo, uint32_t *hi) {
+    for (int s = 0; s < op->n_t; s++) {
+        if (op->tid[s] == MT_NO_TENSOR) {
+            continue;
+        }
+        const mt_tensor_t *t = &op->t[s];
+        uint32_t a[3][2];
+        int n = 0;
+        if (t->storage == MT_STORAGE_STREAM) {
+            a[n][0] = t->ref & ~7u;
+            a[n++][1] = (t->ref & ~7u) + mt_rd_u32(tensor_record(ctx, op->tid[s]) + MT_T_BYTES);
+        }
+        const uint8_t *q = t->quant != MT_NO_QUANT ? ctx->quant + (uint32_t)t->quant * MT_QUANT_BYTES : NULL;
+        if (q != NULL && q[MT_Q_AXIS] != MT_PER_TENSOR && q[MT_Q_WHERE] == MT_QUANT_IN_STREAM) {
+            uint32_t nc = mt_rd_u32(q + MT_Q_N_CHANNELS), zps = mt_rd_u32(q + MT_Q_ZERO_POINTS);
+            a[n][0] = mt_rd_u32(q + MT_Q_SCALES);
+            a[n][1] = a[n][0] + 4u * nc;
+            n++;
+            if (zps != MT_NO_NAME) {
+                a[n][0] = zps;
+                a[n++][1] = zps + 4u * nc;
+            }
+        }
+        for (int k = 0; k < n; k++) {   /* each inside the section (tensor_ok, quant_ok): no wrap */
+            *lo = a[k][0] < *lo ? a[k][0] : *lo;
+            *hi = a[k][1] > *hi ? a[k][1] : *hi;
+        }
+    }
+}
+
+/* [b, e) of the arena overlaps tensor tid's memory */
+static int arena_overlaps(const mt_ctx_t *ctx, uint16_t tid, uint32_t b, uint32_t e) {
+    const uint8_t *r = tensor_record(ctx, tid);
+    uint32_t bo = mt_rd_u32(r + MT_T_OFFSET), eo = bo + mt_rd_u32(r + MT_T_BYTES);
+    return r[MT_T_STORAGE] == MT_STORAGE_ARENA && bo < e && b < eo;
+}
+
+/* Op i and the stream section: what it reads of it (with a pipe reader's, its writer's too: extent)
+ * lies in the group covering it (*g, -1 for none), whose window overlaps none of the arena tensors
+ * the op or the writer it runs touch. */
+static int stream_ok(mt_ctx_t *ctx, uint32_t i, const mt_op_t *op, const uint32_t *extent, const uint16_t *writer,
+                     int32_t g) {
+    if (g < 0) {
+        if (extent[0] < extent[1]) {
+            FAIL(MT_E_GROUP, (int32_t)i, -1);
+        }
+        return MT_OK;
+    }
+    mt_group_t gr;
+    mt_group(ctx, (uint32_t)g, &gr);
+    if (extent[0] < extent[1] && (extent[0] < gr.lo || extent[1] > gr.lo + gr.bytes)) {
+        FAIL(MT_E_GROUP, (int32_t)i, -1);
+    }
+    uint32_t b = gr.window, e = gr.window + gr.bytes;
+    for (int s = 0; s < op->n_t; s++) {
+        if (op->tid[s] != MT_NO_TENSOR && arena_overlaps(ctx, op->tid[s], b, e)) {
+            FAIL(MT_E_ALIAS, (int32_t)i, op->tid[s]);
+        }
+    }
+    for (int k = 0; k < 4 && op->code == MT_OP_CONV_DW_PW_Q8_FROM_PIPE; k++) {
+        if (arena_overlaps(ctx, writer[k], b, e)) {
+            FAIL(MT_E_ALIAS, (int32_t)i, writer[k]);
+        }
+    }
+    return MT_OK;
+}
+
+static void quant_range(uint8_t dtype, int32_t *lo, int32_t *hi) {
+    *lo = dtype == MT_DTYPE_I8 ? -128 : 0;
+    *hi = dtype == MT_DTYPE_I8 ? 127 : dtype == MT_DTYPE_U8 ? 255 : 0;
+}
+
+/* A plan by its head, at attach: the values of the stream-held scales and zero points of op's tensors,
+ * now in the group's window (quant_ok checked their place at load). */
+static int streamed_quant_ok(const mt_ctx_t *ctx, const mt_op_t *op) {
+    for (int s = 0; s < op->n_t; s++) {
+        const mt_tensor_t *t = &op->t[s];
+        const uint8_t *q = op->tid[s] != MT_NO_TENSOR && t->quant != MT_NO_QUANT
+            ? ctx->quant + (uint32_t)t->quant * MT_QUANT_BYTES : NULL;
+        if (q == NULL || q[MT_Q_AXIS] == MT_PER_TENSOR || q[MT_Q_WHERE] != MT_QUANT_IN_STREAM) {
+            continue;
+        }
+        int32_t lo, hi;
+        quant_range(t->dtype, &lo, &hi);
+        uint32_t zps = mt_rd_u32(q + MT_Q_ZERO_POINTS);
+        const uint8_t *at = (const uint8_t *)mt_ptr(ctx, mt_rd_u32(q + MT_Q_SCALES) | MT_REGION_STREAM);
+        const uint8_t *zat = zps != MT_NO_NAME ? (const uint8_t *)mt_ptr(ctx, zps | MT_REGION_STREAM) : NULL;
+        if (!quant_values_ok(at, zat, mt_rd_u32(q + MT_Q_N_CHANNELS), lo, hi)) {
+            return MT_E_TENSOR;
+        }
+    }
+    return MT_OK;
+}
+
+/* The op's own check, on each block of its constants in turn: where they are only in the file, at
+ * attach, each once read into the window; at load that waits (walk_ops). Several blocks only for an
+ * op that consumes blocks. */
+static int check_op(mt_ctx_t *ctx, uint32_t i, const mt_op_t *op, int32_t g) {
+    const uint32_t blocks = mt_group_blocks(ctx, g);
+    if (blocks > 1 && !mt_opspecs[op->code].blocks) {
+        FAIL(MT_E_GROUP, (int32_t)i, -1);
+    }
+    if (ctx->read != NULL && g >= 0 && ctx->ram == NULL) {
+        return MT_OK;
+    }
+    int err = MT_OK;
+    for (uint32_t b = 0; b < blocks && err == MT_OK; b++) {
+        err = mt_stream_load(ctx, g, b);
+        if (err == MT_OK) {
+            err = mt_opdefs[op->code]->check(ctx, op);
+        }
+        if (err == MT_OK && g >= 0) {
+            err = streamed_quant_ok(ctx, op);
+        }
+    }
+    if (blocks > 1) {
+        mt_stream_done(ctx);
+        ctx->loaded = -1;
+    }
     if (err != MT_OK) {
-        FAIL(err, oi, -1);
+        FAIL(err, (int32_t)i, -1);
     }
     return MT_OK;
 }
@@ -546,6 +740,7 @@ static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *tot
     uint16_t writer[4] = {0, 0, 0, 0};   /* that op's arena tensors (PIPE_SLOTS) */
     int32_t pipe_h = 0;
     uint8_t phase = MT_PHASE_FORWARD;
+    uint32_t cursor = 0, prev[2] = {0, 0};   /* the group table's cursor; the op before's stream extent */
     ctx->phase_at[0] = 0;
     ctx->phase_op[0] = 0;
     for (uint32_t i = 0; i < ctx->n_ops; i++) {
@@ -568,6 +763,23 @@ static int walk_ops(mt_ctx_t *ctx, uint8_t *dest, uint32_t budget, uint32_t *tot
         }
         if (pipe != MT_NO_TENSOR && !pipe_clear(ctx, writer, &op)) {
             FAIL(MT_E_ALIAS, (int32_t)i, -1);
+        }
+        uint32_t ext[2] = {UINT32_MAX, 0};
+        stream_extent(ctx, &op, &ext[0], &ext[1]);
+        const uint32_t own[2] = {ext[0], ext[1]};
+        if (op.code == MT_OP_CONV_DW_PW_Q8_FROM_PIPE) {   /* it runs its writer, on the writer's constants */
+            ext[0] = prev[0] < ext[0] ? prev[0] : ext[0];
+            ext[1] = prev[1] > ext[1] ? prev[1] : ext[1];
+        }
+        prev[0] = own[0];
+        prev[1] = own[1];
+        int32_t g = mt_group_of(ctx, i, &cursor);
+        err = stream_ok(ctx, i, &op, ext, writer, g);
+        if (err == MT_OK) {
+            err = check_op(ctx, i, &op, g);
+        }
+        if (err != MT_OK) {
+            return err;
         }
         for (int k = 0; k < 4 && op.code == MT_OP_CONV_DW_PW_Q8_TO_PIPE; k++) {
             writer[k] = op.tid[PIPE_SLOTS[k]];
@@ -662,9 +874,13 @@ static int section_is_context(const mt_ctx_t *ctx, ctx_check_t *chk) {
     return 1;
 }
 
-int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
+/* The whole plan in memory (read NULL), or its head with the rest read through read. */
+static int load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes, mt_read_fn read, void *user) {
     memset(ctx, 0, sizeof *ctx);
     mt_clear_error(ctx);
+    ctx->read = read;
+    ctx->read_user = user;
+    ctx->loaded = -1;
     if (plan == NULL || ((uintptr_t)plan & 3u) != 0) {
         FAIL(MT_E_ALIGN, -1, -1);
     }
@@ -673,9 +889,11 @@ int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
     int err = validate_header(ctx, (const uint8_t *)plan, plan_bytes);
     ctx->base[MT_REGION_CONST] = (uintptr_t)ctx->data - MT_REGION_CONST;
     ctx->base[MT_REGION_NONE] = (uintptr_t)0 - MT_REGION_NONE;
-    chk.section = (const uint8_t *)plan + ctx->section_off;
+    ctx->base[MT_REGION_STREAM] = (uintptr_t)ctx->stream - MT_REGION_STREAM;   /* by its head: set per group */
+    /* a plan by its head never runs its context in place: the section is not in the head */
+    chk.section = ctx->read == NULL || ctx->stream_off == 0 ? (const uint8_t *)plan + ctx->section_off : NULL;
     chk.bytes = ctx->section_bytes;
-    chk.same = chk.bytes != 0;
+    chk.same = chk.bytes != 0 && chk.section != NULL;
     if (err == MT_OK) {
         err = validate_structure(ctx, NULL, 0, &op_bytes, &chk);
     }
@@ -695,6 +913,19 @@ int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
     }
     ctx->plan = (const uint8_t *)plan;
     return MT_OK;
+}
+
+int mt_load(mt_ctx_t *ctx, const void *plan, size_t plan_bytes) {
+    return load(ctx, plan, plan_bytes, NULL, NULL);
+}
+
+int mt_load_head(mt_ctx_t *ctx, const void *head, size_t head_bytes, mt_read_fn read, void *user) {
+    if (read == NULL) {
+        memset(ctx, 0, sizeof *ctx);
+        mt_clear_error(ctx);
+        return MT_E_DETACHED;
+    }
+    return load(ctx, head, head_bytes, read, user);
 }
 
 int mt_context_in_ram(mt_ctx_t *ctx) {
@@ -779,7 +1010,12 @@ int mt_attach(mt_ctx_t *ctx, void *ram, size_t ram_bytes) {
         write_params(ctx, context);
         ctx->context = context;
     }
-    return mt_reset(ctx);
+    ctx->loaded = -1;   /* the arena is the steps' from now on */
+    err = mt_reset(ctx);
+    if (err != MT_OK) {
+        ctx->ram = NULL;
+    }
+    return err;
 }
 
 uint16_t mt_param_of(const mt_ctx_t *ctx, uint32_t ref) {
@@ -808,9 +1044,9 @@ int mt_reset(mt_ctx_t *ctx) {
         return MT_E_DETACHED;
     }
     memset(ctx->ram, 0, ctx->state_bytes);
-    for (uint32_t k = 0; k < ctx->n_params; k++) {
-        const mt_param_rec_t *p = mt_param_rec(ctx, k);
-        memcpy(ctx->ram + p->state_off, ctx->data + p->init_off, p->bytes);
+    int err = mt_stream_initial_values(ctx);
+    if (err != MT_OK) {
+        return err;
     }
     ctx->steps = 0;
     ctx->updates = 0;
@@ -837,6 +1073,7 @@ int mt_tensor_info(const mt_ctx_t *ctx, uint32_t index, mt_tensor_info_t *info) 
     const uint8_t *r = tensor_record(ctx, index);
     info->name = mt_name_of(ctx, mt_rd_u32(r + MT_T_NAME), &info->name_len);
     info->data = t.storage == MT_STORAGE_INPUT ? (ctx->base[MT_REGION_INPUT] != 0 ? mt_ptr(ctx, t.ref) : NULL)
+        : t.storage == MT_STORAGE_STREAM ? (ctx->stream != NULL ? mt_ptr(ctx, t.ref) : NULL)   /* else in the file */
         : t.storage == MT_STORAGE_CONST || ctx->ram != NULL ? mt_ptr(ctx, t.ref) : NULL;
     info->bytes = mt_rd_u32(r + MT_T_BYTES);
     info->n = t.n;

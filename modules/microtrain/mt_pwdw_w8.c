@@ -16,21 +16,19 @@
  * their order, so the results are theirs bit for bit: a 1x1 output sums its bias then its input
  * channels in increasing order, a 1x1 input gradient its output channels in increasing order,
  * which streaming the channels in increasing order keeps.
+ *
+ * Both consume their constants in blocks of output channels (opdef blocks: mt_stream.c): a plan
+ * that streams an expansion block's constants a group at a time cuts them into blocks of E of the
+ * c_total channels (stream.py), each group holding the rows of w and dw and the columns of w2 of
+ * its channels in the same layout, and the executor runs the op once per block, ctx->block the
+ * block: channels [block E, block E + E) of c_total, fewer in the last. Its constants are indexed
+ * by the channel within the block, c; what the whole block shares (b, db, the trained weight and
+ * their state, the masks, y without w2) by block E + c. Block 0 clears the masks and starts z (or
+ * dx, dxg) from its bias; the others add their channels' terms in the same order, so the blocks in
+ * turn give the one op's bits. An op whose constants are not in blocks runs once, E = c_total.
  */
 #include <string.h>
 #include "mt_q8.h"
-
-/* e (1, E, H, W): the 1x1 conv's output over x (1, C, H, W) with w (E, C, 1, 1) */
-static int expanded(const mt_tensor_t *x, const mt_tensor_t *w, mt_tensor_t *e) {
-    if (!mt_is_nchw(x) || w->ndim != 4 || w->dim[1] != x->dim[1] || w->dim[2] != 1 || w->dim[3] != 1
-        || (uint64_t)w->dim[0] * x->dim[2] * x->dim[3] >= (1u << 28)) {
-        return 0;
-    }
-    *e = *x;
-    e->dim[1] = w->dim[0];
-    e->n = e->dim[1] * e->dim[2] * e->dim[3];
-    return 1;
-}
 
 /* a tensor shaped as t with c channels: the whole of a tensor only a plane of which exists */
 static int with_channels(const mt_tensor_t *t, uint32_t c, mt_tensor_t *out) {
@@ -53,20 +51,34 @@ static int mask_fits(const mt_tensor_t *m, uint32_t n) {
     return m->n == n / 8u + (n % 8u != 0u);
 }
 
-/* the depthwise conv's shapes e -> y (groups = E, filters of more than one tap); the mask fits e */
+/* the depthwise conv's shapes e -> y (the op's channels; groups = E, filters of more than one tap); the
+ * mask fits the whole block's expansion, c_total planes of e's */
 static int dw_shape_ok(const int32_t *a, const mt_tensor_t *e, const mt_tensor_t *dw, const mt_tensor_t *y,
-    const mt_tensor_t *m) {
+    const mt_tensor_t *m, uint32_t c_total) {
     return mt_conv_check_shapes(a, e, dw, y) && (uint32_t)a[MT_CONV_A_GROUPS] == e->dim[1] && dw->dim[1] == 1
-           && (uint64_t)dw->dim[2] * dw->dim[3] > 1 && mask_fits(m, e->n);
+           && (uint64_t)dw->dim[2] * dw->dim[3] > 1 && mask_fits(m, c_total * e->dim[2] * e->dim[3]);
 }
 
-/* the second 1x1 conv over y (the depthwise output, E channels) into z, its bias b2, mask m2, and the
- * plane of y p (OH x OW) */
+/* the block's c_total channels, its constants' E rows (the depthwise weight's): E >= 1, c_total >= 1 and
+ * c_total planes within 2^28 elements */
+static int block_ok(int32_t ct, uint32_t E, const mt_tensor_t *plane) {
+    return E >= 1 && ct >= 1 && (uint64_t)(uint32_t)ct * plane->dim[2] * plane->dim[3] < (1u << 28);
+}
+
+/* the channels the op runs now: [*c0, *c0 + return) of c_total, block ctx->block of E (none past the end) */
+static uint32_t block_channels(const mt_ctx_t *ctx, uint32_t E, uint32_t ct, uint32_t *c0) {
+    uint64_t first = (uint64_t)ctx->block * E;
+    *c0 = first < ct ? (uint32_t)first : ct;
+    return ct - *c0 < E ? ct - *c0 : E;
+}
+
+/* the second 1x1 conv over y (the depthwise output, the op's E channels) into z, its bias b2, mask m2
+ * (of the whole block's c_total channels), and the plane of y p (OH x OW) */
 static int pw2_shape_ok(const mt_tensor_t *y, const mt_tensor_t *w2, const mt_tensor_t *b2, const mt_tensor_t *z,
-    const mt_tensor_t *m2, const mt_tensor_t *p) {
+    const mt_tensor_t *m2, const mt_tensor_t *p, uint32_t c_total) {
     return pw_shape_ok(w2, y, w2->dim[0]) && mt_is_nchw(z) && z->dim[1] == w2->dim[0] && z->dim[2] == y->dim[2]
-           && z->dim[3] == y->dim[3] && (b2->n == 0 || b2->n == z->dim[1]) && mask_fits(m2, y->n)
-           && p->n == y->dim[2] * y->dim[3];
+           && z->dim[3] == y->dim[3] && (b2->n == 0 || b2->n == z->dim[1])
+           && mask_fits(m2, c_total * y->dim[2] * y->dim[3]) && p->n == y->dim[2] * y->dim[3];
 }
 
 /* every int8 weight present has one scale per output channel (and filters that fit the W8 loops) */
@@ -146,36 +158,42 @@ typedef struct {
     mt_rec_t h;
     uint32_t x, w, ws, b, xg, wt, wts, wtf, m, dw, dws, db, s, y, m2, w2, w2s, b2, z;
     mt_conv_geom_t dwg;           /* one channel */
-    uint32_t C, K, E, O2;         /* x's and xg's channels (K 0 without a trained weight) */
+    uint32_t C, K, E, O2;         /* x's and xg's channels (K 0 without a trained weight); the op's channels */
+    uint32_t ct;                  /* the block's channels (E of them in each block of constants) */
     float lo, hi, lo2, hi2;
 } pwdw_rec_t;
 
 static int pwdw_check(const mt_ctx_t *ctx, const mt_op_t *op) {
-    const mt_tensor_t *t = op->t, *xg = &t[MT_PWDW_W8_XG], *w2 = &t[MT_PWDW_W8_W2];
+    const mt_tensor_t *t = op->t, *xg = &t[MT_PWDW_W8_XG], *w2 = &t[MT_PWDW_W8_W2], *x = &t[MT_PWDW_W8_X];
     const mt_tensor_t *wt = t[MT_PWDW_W8_WT].n != 0 ? &t[MT_PWDW_W8_WT] : &t[MT_PWDW_W8_WTF];
     const int32_t *a = op->a;
+    const uint32_t E = t[MT_PWDW_W8_DW].dim[0], ct = (uint32_t)a[MT_PWDW_W8_A_C_TOTAL];
     mt_tensor_t e, y;
-    /* the frozen weight, or a weight trained whole (over xg = x), makes e; at most one trained weight */
+    /* the frozen weight (the op's E rows), or a weight trained whole (over xg = x: all c_total rows)
+     * makes e; at most one trained weight */
     if ((t[MT_PWDW_W8_WT].n != 0 && t[MT_PWDW_W8_WTF].n != 0) || (t[MT_PWDW_W8_W].n == 0 && wt->n == 0)
-        || !expanded(&t[MT_PWDW_W8_X], t[MT_PWDW_W8_W].n != 0 ? &t[MT_PWDW_W8_W] : wt, &e)) {
+        || !mt_is_nchw(x) || !block_ok((int32_t)ct, E, x) || !with_channels(x, E, &e)
+        || (t[MT_PWDW_W8_W].n != 0 && !pw_shape_ok(&t[MT_PWDW_W8_W], x, E))) {
         return MT_E_SHAPE;
     }
-    const uint32_t E = e.dim[1];
-    /* the depthwise output: y itself, or with w2 the block output's rows and columns with E channels */
-    const int ok = w2->n == 0 ? (y = t[MT_PWDW_W8_Y], 1) : with_channels(&t[MT_PWDW_W8_Z], E, &y);
+    /* the depthwise output: the op's channels of y, or with w2 the block output's rows and columns */
+    const int ok = w2->n == 0 ? mt_is_nchw(&t[MT_PWDW_W8_Y]) && t[MT_PWDW_W8_Y].dim[1] == ct
+                                && with_channels(&t[MT_PWDW_W8_Y], E, &y)
+                              : with_channels(&t[MT_PWDW_W8_Z], E, &y);
     if (!ok || !(mt_f32_from_bits(a[MT_PWDW_W8_A_LO_BITS]) <= mt_f32_from_bits(a[MT_PWDW_W8_A_HI_BITS]))
-        || (t[MT_PWDW_W8_B].n != 0 && t[MT_PWDW_W8_B].n != E) || (t[MT_PWDW_W8_DB].n != 0 && t[MT_PWDW_W8_DB].n != E)
+        || (t[MT_PWDW_W8_B].n != 0 && t[MT_PWDW_W8_B].n != ct) || (t[MT_PWDW_W8_DB].n != 0 && t[MT_PWDW_W8_DB].n != ct)
         || (xg->n == 0) != (wt->n == 0) || t[MT_PWDW_W8_S].n != e.dim[2] * e.dim[3]
         || (xg->n != 0 && (!mt_is_nchw(xg) || xg->dim[2] != e.dim[2] || xg->dim[3] != e.dim[3]
-            || !pw_shape_ok(wt, xg, E)))
-        || !dw_shape_ok(a, &e, &t[MT_PWDW_W8_DW], &y, &t[MT_PWDW_W8_M])) {
+            || !pw_shape_ok(wt, xg, ct)))
+        || !block_ok((int32_t)ct, E, &y)
+        || !dw_shape_ok(a, &e, &t[MT_PWDW_W8_DW], &y, &t[MT_PWDW_W8_M], ct)) {
         return MT_E_SHAPE;
     }
     /* the second stage: all of w2, z and m2 or none, b2 only with them */
     if (w2->n == 0 ? t[MT_PWDW_W8_Z].n != 0 || t[MT_PWDW_W8_M2].n != 0 || t[MT_PWDW_W8_B2].n != 0
                    : !(mt_f32_from_bits(a[MT_PWDW_W8_A_LO2_BITS]) <= mt_f32_from_bits(a[MT_PWDW_W8_A_HI2_BITS]))
                      || !pw2_shape_ok(&y, w2, &t[MT_PWDW_W8_B2], &t[MT_PWDW_W8_Z], &t[MT_PWDW_W8_M2],
-                         &t[MT_PWDW_W8_Y])) {
+                         &t[MT_PWDW_W8_Y], ct)) {
         return MT_E_SHAPE;
     }
     const mt_tensor_t *w8[] = {&t[MT_PWDW_W8_W], &t[MT_PWDW_W8_WT], &t[MT_PWDW_W8_DW], w2};
@@ -186,12 +204,11 @@ static uint32_t pwdw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
     pwdw_rec_t *r = rec;
     if (r != NULL) {
         const mt_tensor_t *t = op->t;
-        mt_tensor_t e, y = t[MT_PWDW_W8_Y];
+        mt_tensor_t e, y;
         const mt_tensor_t *wt = t[MT_PWDW_W8_WT].n != 0 ? &t[MT_PWDW_W8_WT] : &t[MT_PWDW_W8_WTF];
-        expanded(&t[MT_PWDW_W8_X], t[MT_PWDW_W8_W].n != 0 ? &t[MT_PWDW_W8_W] : wt, &e);
-        if (t[MT_PWDW_W8_W2].n != 0) {
-            with_channels(&t[MT_PWDW_W8_Z], e.dim[1], &y);
-        }
+        const uint32_t E = t[MT_PWDW_W8_DW].dim[0];
+        with_channels(&t[MT_PWDW_W8_X], E, &e);
+        with_channels(t[MT_PWDW_W8_W2].n != 0 ? &t[MT_PWDW_W8_Z] : &t[MT_PWDW_W8_Y], E, &y);
         r->x = t[MT_PWDW_W8_X].ref;
         r->w = t[MT_PWDW_W8_W].ref;
         r->b = t[MT_PWDW_W8_B].ref;
@@ -214,7 +231,8 @@ static uint32_t pwdw_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *rec) 
         dw_geom(op->a, &e, &t[MT_PWDW_W8_DW], &y, &r->dwg);
         r->C = t[MT_PWDW_W8_X].dim[1];
         r->K = wt->n != 0 ? t[MT_PWDW_W8_XG].dim[1] : 0;
-        r->E = e.dim[1];
+        r->E = E;
+        r->ct = (uint32_t)op->a[MT_PWDW_W8_A_C_TOTAL];
         r->O2 = t[MT_PWDW_W8_W2].n != 0 ? t[MT_PWDW_W8_W2].dim[0] : 0;
         r->lo = mt_f32_from_bits(op->a[MT_PWDW_W8_A_LO_BITS]);
         r->hi = mt_f32_from_bits(op->a[MT_PWDW_W8_A_HI_BITS]);
@@ -234,14 +252,18 @@ static int pwdw_run(mt_ctx_t *ctx, const void *rec) {
     const float *wtf = MT_F32(ctx, r->wtf);
     uint8_t *m = (uint8_t *)mt_ptr(ctx, r->m), *m2 = (uint8_t *)mt_ptr(ctx, r->m2);
     float *s = MT_F32(ctx, r->s), *y = MT_F32(ctx, r->y), *z = MT_F32(ctx, r->z);
-    const uint32_t P = r->dwg.H * r->dwg.W, OP = r->dwg.OH * r->dwg.OW, C = r->C, E = r->E;
+    const uint32_t P = r->dwg.H * r->dwg.W, OP = r->dwg.OH * r->dwg.OW, C = r->C, ct = r->ct;
     const uint32_t K = r->K, taps = (uint32_t)r->dwg.KH * r->dwg.KW;
+    uint32_t c0;
+    const uint32_t E = block_channels(ctx, r->E, ct, &c0);
     mt_conv_geom_t pw, pwt;
     pw_geom(C, &r->dwg, &pw);
     pw_geom(K, &r->dwg, &pwt);
-    memset(m, 0, E * P / 8u + ((E * P) % 8u != 0u));
-    if (w2 != NULL) {   /* z starts at its bias; each channel of y adds its terms */
-        memset(m2, 0, E * OP / 8u + ((E * OP) % 8u != 0u));
+    if (c0 == 0) {   /* the block's first channels: the masks from nothing */
+        memset(m, 0, ct * P / 8u + ((ct * P) % 8u != 0u));
+    }
+    if (w2 != NULL && c0 == 0) {   /* z starts at its bias; each channel of y adds its terms */
+        memset(m2, 0, ct * OP / 8u + ((ct * OP) % 8u != 0u));
         for (uint32_t o = 0; o < r->O2; o++) {
             const float init = b2 != NULL ? b2[o] : 0.0f;
             for (uint32_t p = 0; p < OP; p++) {
@@ -250,28 +272,29 @@ static int pwdw_run(mt_ctx_t *ctx, const void *rec) {
         }
     }
     for (uint32_t c = 0; c < E; c++) {
+        const uint32_t g = c0 + c;   /* in the whole block: the trained tensors, the masks, y */
         /* the frozen part from its bias, then the trained part added (CONV2D_W8, CONV2D_ACC[_W8]); or
          * the weight trained whole from the bias (CONV2D[_W8]) */
-        const float *bc = b != NULL ? b + c : NULL;
+        const float *bc = b != NULL ? b + g : NULL;
         if (w != NULL) {
             mt_conv_forward_w8(&pw, x, w + (size_t)c * C, ws + c, bc, NULL, s);
         }
         if (wt != NULL) {
-            mt_conv_forward_w8(&pwt, xg, wt + (size_t)c * K, MT_F32(ctx, r->wts) + c, w != NULL ? NULL : bc,
+            mt_conv_forward_w8(&pwt, xg, wt + (size_t)g * K, MT_F32(ctx, r->wts) + g, w != NULL ? NULL : bc,
                 w != NULL ? s : NULL, s);
         } else if (wtf != NULL) {
-            mt_conv_forward_f32(&pwt, xg, wtf + (size_t)c * K, w != NULL ? NULL : bc, w != NULL ? s : NULL, s);
+            mt_conv_forward_f32(&pwt, xg, wtf + (size_t)g * K, w != NULL ? NULL : bc, w != NULL ? s : NULL, s);
         }
         for (uint32_t i = 0; i < P; i++) {
-            s[i] = clip_bit(s[i], r->lo, r->hi, m, c * P + i);
+            s[i] = clip_bit(s[i], r->lo, r->hi, m, g * P + i);
         }
-        float *yc = w2 != NULL ? y : y + (size_t)c * OP;
-        mt_conv_forward_w8(&r->dwg, s, dw + (size_t)c * taps, dws + c, db != NULL ? db + c : NULL, NULL, yc);
+        float *yc = w2 != NULL ? y : y + (size_t)g * OP;
+        mt_conv_forward_w8(&r->dwg, s, dw + (size_t)c * taps, dws + c, db != NULL ? db + g : NULL, NULL, yc);
         if (w2 != NULL) {
             for (uint32_t i = 0; i < OP; i++) {
-                yc[i] = clip_bit(yc[i], r->lo2, r->hi2, m2, c * OP + i);
+                yc[i] = clip_bit(yc[i], r->lo2, r->hi2, m2, g * OP + i);
             }
-            pw_scatter(z, yc, w2 + c, E, w2s, 0.0f, r->O2, OP);
+            pw_scatter(z, yc, w2 + c, r->E, w2s, 0.0f, r->O2, OP);
         }
     }
     return MT_OK;
@@ -287,6 +310,7 @@ typedef struct {
     mt_sink_rec_t sd, st, sb;     /* the depthwise bias's, the trained weight's, the 1x1 bias's (w MT_REF_NONE: none) */
     mt_conv_geom_t dwg;           /* one channel */
     uint32_t E, C, K, P, O2;
+    uint32_t ct;                  /* the block's channels (E of them in each block of constants) */
     uint8_t wt_i8;                /* the trained weight: int8 codes (wts its scales) or float32 */
 } pwdw_bwd_rec_t;
 
@@ -302,10 +326,11 @@ static void sink_of(const mt_ctx_t *ctx, const mt_tensor_t *t, mt_sink_rec_t *s)
     }
 }
 
-/* e (the 1x1 output, from s's plane and dy's channels) and y (the depthwise output) */
+/* e (the 1x1 output, from s's plane) and y (the depthwise output, dy's plane) with the op's channels, the
+ * depthwise weight's rows */
 static int bwd_shapes(const mt_op_t *op, mt_tensor_t *e, mt_tensor_t *y) {
-    const mt_tensor_t *t = op->t, *dy = &t[MT_PWDW_W8_BWD_DY], *s = &t[MT_PWDW_W8_BWD_S], *w2 = &t[MT_PWDW_W8_BWD_W2];
-    const uint32_t E = w2->n != 0 ? (w2->ndim == 4 ? w2->dim[1] : 0) : dy->dim[1];
+    const mt_tensor_t *t = op->t, *dy = &t[MT_PWDW_W8_BWD_DY], *s = &t[MT_PWDW_W8_BWD_S];
+    const uint32_t E = t[MT_PWDW_W8_BWD_DW].dim[0];
     return mt_is_nchw(s) && s->dim[1] == 1 && with_channels(s, E, e) && with_channels(dy, E, y);
 }
 
@@ -314,7 +339,11 @@ static int pwdw_bwd_check(const mt_ctx_t *ctx, const mt_op_t *op) {
     const mt_tensor_t *w = &t[MT_PWDW_W8_BWD_W], *dx = &t[MT_PWDW_W8_BWD_DX], *xg = &t[MT_PWDW_W8_BWD_XG];
     const mt_tensor_t *wt = &t[MT_PWDW_W8_BWD_WT], *dxg = &t[MT_PWDW_W8_BWD_DXG];
     mt_tensor_t e, y;
-    if (!mt_is_nchw(dy) || !bwd_shapes(op, &e, &y) || !dw_shape_ok(op->a, &e, &t[MT_PWDW_W8_BWD_DW], &y, &t[MT_PWDW_W8_BWD_M])) {
+    const uint32_t ct = (uint32_t)op->a[MT_PWDW_W8_BWD_A_C_TOTAL];
+    if (!mt_is_nchw(dy) || !bwd_shapes(op, &e, &y) || !block_ok((int32_t)ct, e.dim[1], &e)
+        || !block_ok((int32_t)ct, e.dim[1], &y)
+        || !dw_shape_ok(op->a, &e, &t[MT_PWDW_W8_BWD_DW], &y, &t[MT_PWDW_W8_BWD_M], ct)
+        || (w2->n == 0 && dy->dim[1] != ct)) {   /* without w2 dy is the whole block's depthwise output's */
         return MT_E_SHAPE;
     }
     const uint32_t E = e.dim[1];
@@ -324,15 +353,15 @@ static int pwdw_bwd_check(const mt_ctx_t *ctx, const mt_op_t *op) {
         || (w->n == 0 && wt->n == 0 && t[MT_PWDW_W8_BWD_B].n == 0)
         || (w2->n == 0 ? t[MT_PWDW_W8_BWD_M2].n != 0 || t[MT_PWDW_W8_BWD_S2].n != 0 || t[MT_PWDW_W8_BWD_DB].n != 0
                        : !pw2_shape_ok(&y, w2, &no_bias, dy, &t[MT_PWDW_W8_BWD_M2],
-                           &t[MT_PWDW_W8_BWD_S2]))) {
+                           &t[MT_PWDW_W8_BWD_S2], ct))) {
         return MT_E_SHAPE;
     }
     if ((w->n != 0 && !(mt_is_nchw(dx) && dx->dim[2] == e.dim[2] && dx->dim[3] == e.dim[3] && pw_shape_ok(w, dx, E)))
         || (wt->n != 0 && (!mt_is_nchw(xg) || xg->dim[2] != e.dim[2] || xg->dim[3] != e.dim[3]
-            || !pw_shape_ok(wt, xg, E)))
+            || !pw_shape_ok(wt, xg, ct)))
         || (dxg->n != 0 && (!mt_is_nchw(dxg) || dxg->n != xg->n || dxg->dim[1] != xg->dim[1]))
-        || !sink_ok(ctx, &t[MT_PWDW_W8_BWD_WT], wt->n) || !sink_ok(ctx, &t[MT_PWDW_W8_BWD_B], E)
-        || !sink_ok(ctx, &t[MT_PWDW_W8_BWD_DB], E)) {
+        || !sink_ok(ctx, &t[MT_PWDW_W8_BWD_WT], wt->n) || !sink_ok(ctx, &t[MT_PWDW_W8_BWD_B], ct)
+        || !sink_ok(ctx, &t[MT_PWDW_W8_BWD_DB], ct)) {
         return MT_E_SHAPE;
     }
     const mt_tensor_t none = {0};
@@ -367,6 +396,7 @@ static uint32_t pwdw_bwd_prepare(const mt_ctx_t *ctx, const mt_op_t *op, void *r
         sink_of(ctx, &t[MT_PWDW_W8_BWD_B], &r->sb);
         dw_geom(op->a, &e, &t[MT_PWDW_W8_BWD_DW], &y, &r->dwg);
         r->E = e.dim[1];
+        r->ct = (uint32_t)op->a[MT_PWDW_W8_BWD_A_C_TOTAL];
         r->C = t[MT_PWDW_W8_BWD_DX].n != 0 ? t[MT_PWDW_W8_BWD_DX].dim[1] : 0;
         r->K = t[MT_PWDW_W8_BWD_XG].n != 0 ? t[MT_PWDW_W8_BWD_XG].dim[1] : 0;
         r->P = e.dim[2] * e.dim[3];
@@ -392,14 +422,17 @@ static int pwdw_bwd_run(mt_ctx_t *ctx, const void *rec) {
     const uint8_t *m = (const uint8_t *)mt_ptr(ctx, r->m), *m2 = (const uint8_t *)mt_ptr(ctx, r->m2);
     float *s = MT_F32(ctx, r->s), *s2 = MT_F32(ctx, r->s2), *dx = MT_F32(ctx, r->dx), *dxg = MT_F32(ctx, r->dxg);
     const uint32_t P = r->P, OP = r->dwg.OH * r->dwg.OW, taps = (uint32_t)r->dwg.KH * r->dwg.KW, C = r->C, K = r->K;
-    if (dx != NULL) {
+    uint32_t c0;
+    const uint32_t E = block_channels(ctx, r->E, r->ct, &c0);
+    if (dx != NULL && c0 == 0) {   /* the block's first channels: the input gradients from zero */
         memset(dx, 0, (size_t)C * P * sizeof(float));
     }
-    if (dxg != NULL) {
+    if (dxg != NULL && c0 == 0) {
         memset(dxg, 0, (size_t)K * P * sizeof(float));
     }
-    for (uint32_t c = 0; c < r->E; c++) {
-        const float *dyc = dy + (size_t)c * OP;
+    for (uint32_t c = 0; c < E; c++) {
+        const uint32_t g = c0 + c;   /* in the whole block: dy without w2, the masks, the trained tensors */
+        const float *dyc = dy + (size_t)g * OP;
         if (w2 != NULL) {   /* the depthwise output's gradient, channel c: dz through w2's column c, then m2 */
             const float *w2s = MT_F32(ctx, r->w2s);
             memset(s2, 0, OP * sizeof(float));
@@ -407,35 +440,35 @@ static int pwdw_bwd_run(mt_ctx_t *ctx, const void *rec) {
                 pw_scatter(s2, dy + (size_t)o * OP, w2 + (size_t)o * r->E + c, 0, NULL, w2s[o], 1, OP);
             }
             for (uint32_t i = 0; i < OP; i++) {
-                s2[i] = bit_set(m2, c * OP + i) ? s2[i] : 0.0f;
+                s2[i] = bit_set(m2, g * OP + i) ? s2[i] : 0.0f;
             }
             if (r->sd.w != MT_REF_NONE) {
-                bias_grad(ctx, &r->sd, s2, OP, c);
+                bias_grad(ctx, &r->sd, s2, OP, g);
             }
             dyc = s2;
         }
         mt_conv_bwd_input_plane_w8(&r->dwg, dyc, dw + (size_t)c * taps, dws[c], s);
         for (uint32_t i = 0; i < P; i++) {   /* MASK_BWD */
-            s[i] = bit_set(m, c * P + i) ? s[i] : 0.0f;
+            s[i] = bit_set(m, g * P + i) ? s[i] : 0.0f;
         }
         if (dx != NULL) {
             pw_scatter(dx, s, w + (size_t)c * C, 1, NULL, MT_F32(ctx, r->ws)[c], C, P);
         }
         if (wt != NULL) {
-            if (dxg != NULL && r->wt_i8) {   /* reads row c before its update */
-                pw_scatter(dxg, s, wt + (size_t)c * K, 1, NULL, MT_F32(ctx, r->wts)[c], K, P);
+            if (dxg != NULL && r->wt_i8) {   /* reads row g before its update */
+                pw_scatter(dxg, s, wt + (size_t)g * K, 1, NULL, MT_F32(ctx, r->wts)[g], K, P);
             } else if (dxg != NULL) {
-                pw_scatter_f32(dxg, s, (const float *)(const void *)wt + (size_t)c * K, K, P);
+                pw_scatter_f32(dxg, s, (const float *)(const void *)wt + (size_t)g * K, K, P);
             }
             float grad[16];
             for (uint32_t k = 0; k < K; k += 16) {
                 const uint32_t n = K - k < 16 ? K - k : 16;
                 mt_conv_pw_grads(s, xg + (size_t)k * P, n, P, grad);
-                mt_sink_vec(ctx, &r->st, c * K + k, c * K + k, grad, n);
+                mt_sink_vec(ctx, &r->st, g * K + k, g * K + k, grad, n);
             }
         }
         if (r->sb.w != MT_REF_NONE) {
-            bias_grad(ctx, &r->sb, s, P, c);
+            bias_grad(ctx, &r->sb, s, P, g);
         }
     }
     return MT_OK;

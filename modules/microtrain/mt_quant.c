@@ -18,8 +18,10 @@ int mt_quant_of(const mt_ctx_t *ctx, const mt_tensor_t *t, mt_quant_t *q) {
     q->axis = r[MT_Q_AXIS];
     q->n = mt_rd_u32(r + MT_Q_N_CHANNELS);
     uint32_t scales = mt_rd_u32(r + MT_Q_SCALES), zps = mt_rd_u32(r + MT_Q_ZERO_POINTS);
-    q->scales = scales == MT_NO_NAME ? MT_REF_NONE : scales | MT_REGION_CONST;
-    q->zero_points = zps == MT_NO_NAME ? MT_REF_NONE : zps | MT_REGION_CONST;
+    /* per-channel arrays in the data section, or in the stream section (with the group of the op) */
+    uint32_t region = r[MT_Q_WHERE] == MT_QUANT_IN_STREAM ? MT_REGION_STREAM : MT_REGION_CONST;
+    q->scales = scales == MT_NO_NAME ? MT_REF_NONE : scales | region;
+    q->zero_points = zps == MT_NO_NAME ? MT_REF_NONE : zps | region;
     return 1;
 }
 
@@ -50,9 +52,10 @@ int mt_q8_weight_ok(const mt_ctx_t *ctx, const mt_tensor_t *w, uint8_t axis, uin
     return 1;
 }
 
-/* a constant int32 vector of n elements, each in [lo, hi] (and, if pow2, 0 or >= 2^30) */
+/* a constant int32 vector of n elements, each in [lo, hi] (and, if pow2, 0 or >= 2^30); in the stream
+ * section, checked where its group is in memory (mt_plan.c) */
 static int table_ok(const mt_ctx_t *ctx, const mt_tensor_t *t, uint32_t n, int32_t lo, int32_t hi, int mult) {
-    if (t->storage != MT_STORAGE_CONST || t->dtype != MT_DTYPE_I32 || t->n != n) {
+    if ((t->storage != MT_STORAGE_CONST && t->storage != MT_STORAGE_STREAM) || t->dtype != MT_DTYPE_I32 || t->n != n) {
         return 0;
     }
     const uint8_t *p = (const uint8_t *)mt_ptr(ctx, t->ref);

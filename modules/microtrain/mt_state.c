@@ -47,6 +47,12 @@ int mt_info(const mt_ctx_t *ctx, mt_info_t *info) {
     info->loss_kind = ctx->loss_kind;
     info->input_dtype = ctx->input_dtype;
     info->context_in_plan = ctx->context_in_plan;
+    info->streamed = ctx->read != NULL && ctx->stream_off != 0;
+    info->head_bytes = ctx->stream_off != 0 ? ctx->stream_off : ctx->plan_bytes;
+    info->stream_bytes = ctx->stream_bytes;
+    info->n_groups = ctx->n_groups;
+    info->stream_reads = ctx->stream_reads;
+    info->stream_read_bytes = ctx->stream_read_bytes;
     return MT_OK;
 }
 

@@ -55,17 +55,75 @@ int mt_all_finite(const float *p, uint32_t n) {
 /* CRC-32 (IEEE 802.3, as zlib.crc32), four bits at a time: a 64-byte table
  * instead of 1 KB, which matters more than speed since it runs once per load. */
 uint32_t mt_crc32(const uint8_t *p, size_t n) {
+    return mt_crc32_more(0, p, n);
+}
+
+/* crc (a finished CRC-32, 0 for none yet) carried on over n more bytes: zlib.crc32(p, crc) */
+uint32_t mt_crc32_more(uint32_t crc, const uint8_t *p, size_t n) {
     static const uint32_t nibble[16] = {
         0x00000000, 0x1DB71064, 0x3B6E20C8, 0x26D930AC, 0x76DC4190, 0x6B6B51F4, 0x4DB26158, 0x5005713C,
         0xEDB88320, 0xF00F9344, 0xD6D6A3E8, 0xCB61B38C, 0x9B64C2B0, 0x86D3D2D4, 0xA00AE278, 0xBDBDF21C,
     };
-    uint32_t crc = 0xFFFFFFFFu;
+    crc ^= 0xFFFFFFFFu;
     for (size_t i = 0; i < n; i++) {
         crc ^= p[i];
         crc = (crc >> 4) ^ nibble[crc & 15];
         crc = (crc >> 4) ^ nibble[crc & 15];
     }
     return crc ^ 0xFFFFFFFFu;
+}
+
+/* The product of the 32x32 GF(2) matrix m (one column per word) and the vector v. */
+static uint32_t gf2_times(const uint32_t *m, uint32_t v) {
+    uint32_t sum = 0;
+    for (; v != 0; v >>= 1, m++) {
+        if (v & 1u) {
+            sum ^= *m;
+        }
+    }
+    return sum;
+}
+
+static void gf2_square(uint32_t *sq, const uint32_t *m) {
+    for (int k = 0; k < 32; k++) {
+        sq[k] = gf2_times(m, m[k]);
+    }
+}
+
+/* The CRC-32 of A then B from crc_a, crc_b and B's length (zlib's crc32_combine): crc_a is carried
+ * over len_b zero bytes by the matrix of one zero bit squared up to each set bit of len_b, then
+ * crc_b added. A plan streamed from its file checks its head this way against the file's CRC
+ * without reading the stream section (mt_plan.c). */
+uint32_t mt_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint32_t len_b) {
+    uint32_t even[32], odd[32];
+    if (len_b == 0) {
+        return crc_a;
+    }
+    odd[0] = 0xEDB88320u;   /* one zero bit: the reflected polynomial, then shifts */
+    for (int k = 1; k < 32; k++) {
+        odd[k] = 1u << (k - 1);
+    }
+    gf2_square(even, odd);   /* two zero bits */
+    gf2_square(odd, even);   /* four */
+    for (;;) {   /* a zero byte, two, four... applied where len_b has a bit */
+        gf2_square(even, odd);
+        if (len_b & 1u) {
+            crc_a = gf2_times(even, crc_a);
+        }
+        len_b >>= 1;
+        if (len_b == 0) {
+            break;
+        }
+        gf2_square(odd, even);
+        if (len_b & 1u) {
+            crc_a = gf2_times(odd, crc_a);
+        }
+        len_b >>= 1;
+        if (len_b == 0) {
+            break;
+        }
+    }
+    return crc_a ^ crc_b;
 }
 
 const char *mt_strerror(int code) {

@@ -153,6 +153,23 @@ def test_doc_puts_int8_mcunet_estimates_beside_mit():
     assert "not written yet" not in doc
 
 
+def test_doc_has_the_streamed_constants_section_from_stream_json():
+    """bench/stream.json's rows (benchmarks/stream_count.py) become a table with the instructions a
+    step costs more streamed, per byte read, and the flash time at the assumed rate; none without."""
+    import perfdoc
+    base = dict(model="MCUNet-5fps 128x128 int8", update="sparse 49kb (MIT)", board="MPS2_AN500", plan_bytes=600_000,
+                head_bytes=30_000, ram_bytes=1, instr_per_predict=5, read_per_predict=0)
+    rows = [dict(base, where="resident", what="in RAM", instr_per_step=400_000_000, read_per_step=0),
+            dict(base, where="in-place", what="in place", instr_per_step=400_000_100, read_per_step=0),
+            dict(base, where="streamed", what="streamed", instr_per_step=412_000_000, read_per_step=1_000_000)]
+    doc = perfdoc.render([], [], {}, rows)
+    part = doc.split("## Constants streamed from the plan's file")[1].split("## v0")[0]
+    assert "| streamed | 412,000,000 | +3.0 % | 5 | 1,000,000 | 0 |" in part
+    assert "12,000,000 instructions a step more (12.0 per byte read" in part
+    assert "**assumed** 15 MB/s" in part and "that is 67 ms a step" in part
+    assert "## Constants streamed" not in perfdoc.render([], [], {})
+
+
 def _int8_case():
     """An int8 plan taking uint8 pixels, compiled as bench.py compiles the int8 MCUNet rows
     (bench_models.cases()' options), on a small RGB CNN so that it costs a second."""

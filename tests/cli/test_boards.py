@@ -11,6 +11,8 @@ import sys
 import onnx
 import pytest
 
+import microtrain
+
 from microtrain import boards
 
 import models
@@ -115,11 +117,19 @@ def test_compile_for_rpi_pico_does_not_fit(tmp_path):
     for remedy in ("--batch 1", "--momentum 0", "sparser --update", "ROMFS"):
         assert remedy in msg, remedy
     # last layer only: the first layer's 256 KB of weights are constants, read into RAM with the plan
-    r = cli("compile", onnx_path, "-o", out, "--update", "last-layer", "--board", "rpi_pico")
-    assert r.returncode == 2 and "does not fit rpi_pico" in r.stderr
-    for remedy in ("ROMFS", "int8"):
+    # where they are resident (no stream section)...
+    r = cli("compile", onnx_path, "-o", out, "--update", "last-layer", "--board", "rpi_pico", "--constants",
+            "resident")
+    assert r.returncode == 2 and "does not fit rpi_pico (plan read into RAM)" in r.stderr
+    for remedy in ("ROMFS", "--quantize int8", "--constants stream"):
         assert remedy in r.stderr, remedy
     assert "sparser --update" not in r.stderr
+    # ... or streamed from the plan's file: the one Gemm's 256 KB of weights are still read at once, into
+    # a window as large (only expansion blocks read theirs in blocks of channels): int8 would help
+    r = cli("compile", onnx_path, "-o", out, "--update", "last-layer", "--board", "rpi_pico", "--constants",
+            "stream")
+    assert r.returncode == 2 and "does not fit rpi_pico (constants streamed from the plan's file)" in r.stderr
+    assert "of the windows they are read into" in r.stderr and "plan head" in r.stderr
     # the same plan, written without --board, fails `report --board` the same way, and fits a bigger board
     assert cli("compile", onnx_path, "-o", out, "--update", "full", "--momentum", "0.9", "--batch", "4").returncode == 0
     r = cli("report", out, "--board", "rpi_pico")
@@ -275,3 +285,69 @@ def test_fit_boundary_is_exact():
     board["heap"]["free_bytes"] = need - 1
     with pytest.raises(boards.DoesNotFit, match="1 B short"):
         boards.check(r, board)
+
+
+def cnn_model(tmp_path):
+    path = str(tmp_path / "cnn.onnx")
+    onnx.save(models.cnn(seed=3), path)
+    return path
+
+
+def heap_line(text, board):
+    line = next(line for line in text.splitlines() if "fits %s" % board in line)
+    return line, kb(re.search(r"needs (\S+ K?B) of heap", line).group(1))
+
+
+def test_report_board_says_where_the_constants_live_and_counts_them(tmp_path):
+    """On the Pico's stock firmware (no ROMFS) a plan with a stream section keeps its head, the open
+    file and its windows (in the arena) in the heap; one without reads the whole plan into RAM.
+    `compile --board` with --constants auto streams here since that needs less."""
+    onnx_path = cnn_model(tmp_path)
+    pico = boards.load_board("rpi_pico")
+    got = {}
+    for constants in ("resident", "stream", "auto"):
+        out = str(tmp_path / ("%s.mtp" % constants))
+        r = cli("compile", onnx_path, "-o", out, "--update", "last-layer", "--constants", constants,
+                "--board", "rpi_pico")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(cli("report", out, "--json").stdout)
+        text = cli("report", out, "--board", "rpi_pico").stdout
+        line, need = heap_line(text, "rpi_pico")
+        parts = boards.ram_needed(rep, pico)
+        assert need == pytest.approx(sum(parts.values()), abs=52), line
+        got[constants] = (rep, line, sum(parts.values()))
+    rep, line, need = got["resident"]
+    assert not rep["streamed"] and "(plan read into RAM)" in line and "plan read into RAM" in line
+    assert need >= rep["ram_bytes"] + rep["plan_bytes"]
+    rep, line, need_s = got["stream"]
+    assert rep["streamed"] and "(constants streamed from the plan's file)" in line
+    assert "plan head %s" % boards._kb(boards._round(rep["head_bytes"], 4)) in line and "open file" in line
+    # the plan's constants are no longer in the heap whole: what streaming saves is the stream section,
+    # less the windows and the context, now in RAM
+    rnd = lambda n: boards._round(n, 4)   # noqa: E731  (GC blocks)
+    assert boards.ram_needed(rep, pico) == {
+        "ram_bytes": rnd(rep["arena_bytes"] + rep["param_bytes"] + rep["context_bytes"]),
+        "trainer": rnd(boards.TRAINER_OBJECT_BYTES[4]), "head": rnd(rep["head_bytes"]),
+        "file": rnd(boards.FILE_OBJECT_BYTES[4])}
+    assert need_s < need
+    assert got["auto"][0]["streamed"] is False or got["auto"][2] <= need
+
+
+def test_budget_with_a_board_counts_the_heap_there(tmp_path):
+    """--budget with --board: every candidate is counted as that board's heap holds it (the plan's
+    head and file where its constants stream), and the chosen plan's heap is within the budget."""
+    onnx_path = cnn_model(tmp_path)
+    out = str(tmp_path / "b.mtp")
+    r = cli("compile", onnx_path, "-o", out, "--budget", "6000", "--board", "rpi_pico")
+    assert r.returncode == 0, r.stderr
+    chosen = next(line for line in (r.stdout + r.stderr).splitlines() if "budget: chosen" in line)
+    m = re.search(r"heap on rpi_pico (\d+) B of 6000 B \(the plan streamed, (\d+) B of it\)", chosen)
+    assert m, chosen
+    rep = json.loads(cli("report", out, "--json").stdout)
+    parts = boards.ram_needed(rep, boards.load_board("rpi_pico"))
+    assert int(m.group(1)) == sum(parts.values()) <= 6000
+    assert int(m.group(2)) == parts["head"] + parts["file"]
+    # without a board the same budget counts peak RAM alone, which leaves the plan out: more trains
+    r = cli("compile", onnx_path, "-o", out, "--budget", "6000")
+    plain = next(line for line in (r.stdout + r.stderr).splitlines() if "budget: chosen" in line)
+    assert "peak RAM" in plain and plain != chosen

@@ -318,7 +318,7 @@ def data_board_fit():
     r = plan.report()
     need = {}
     for word, name in ((4, "rpi_pico"), (8, "unix")):
-        parts = boards.ram_needed(r, boards.load_board(name), plan_in_ram_=False)
+        parts = boards.ram_needed(r, boards.load_board(name), "in place")
         need[word] = parts["ram_bytes"] + parts["trainer"]
     return dict(PLAN=plan.data, NEED=need, GC_BLOCK=boards.GC_BLOCK_BYTES)
 
@@ -599,6 +599,40 @@ def data_train_in_place():
 
 
 DATA["train_in_place"] = data_train_in_place
+
+
+def data_train_stream():
+    """train_pwdw_q8's plan with its constants in a stream section (compile(stream=True)), its
+    expansion block's constants read in blocks of output channels (a 256-byte window): the device
+    opens it from a file (unix: its filesystem; a board without one: an io.BytesIO, through the same
+    stream protocol) and reads each group into its window as the ops need it. The host trains the
+    plan whole in memory; the device must match it bit for bit, read exactly what the host core
+    reads by the plan's head, and allocate no more than boards.ram_needed counts for a streamed plan
+    (less the open file, made before the count). Then a byte of a group changed in the file fails
+    the step with the CRC message and updates nothing."""
+    rng = np.random.default_rng(9)
+    plan = sparse_block_plan(W8_SCHEME, saved="bits", frozen_weights="int8", trained_weights="int8",
+                             stream=True, stream_window=256)
+    r = plan.report()
+    assert r["streamed"] and any("blocks of output channels" in n for n in r["notes"]), r["notes"]
+    x = (rng.normal(size=(4, 3, 6, 6)) * 3).astype(np.float32)
+    y = rng.integers(0, 4, 4)
+    data = trained_on_host(plan, x, y)
+    host = Core(plan.data, stream=True)   # what the core reads from the file over the steps
+    read0 = host.info()["stream_read_bytes"]
+    for i in range(STEPS):
+        host.step_label(x[i % len(x)], int(y[i % len(y)]))
+    assert {k: f32(host.param_values(k)) for k in host.param_names} == data["HOST_PARAMS"]   # by its head: the same
+    need = {}
+    for word, name in ((4, "rpi_pico"), (8, "unix")):
+        parts = boards.ram_needed(r, boards.load_board(name), "streamed")
+        need[word] = parts["ram_bytes"] + parts["trainer"] + parts["head"]
+    g = next(g for g in plan.groups if g["first_op"] != F.RESET_GROUP)
+    return dict(data, HEAD=plan.header["stream_off"], READ=host.info()["stream_read_bytes"] - read0,
+                NEED=need, GC_BLOCK=boards.GC_BLOCK_BYTES, GROUP_AT=plan.header["stream_off"] + g["lo"] + g["bytes"] // 2)
+
+
+DATA["train_stream"] = data_train_stream
 
 
 def data_train_dq():

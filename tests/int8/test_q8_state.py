@@ -381,7 +381,8 @@ def test_bad_int8_param_records_refused(paths, case):
               "inf scale": _set_scale(float("inf")), "negative scale": _set_scale(-0.01, 3),
               "scale count": _set_field("n_channels", plan.tensors[plan.tensor_index(name)]["shape"][0] + 1),
               "per-tensor record": lambda b, h, t, q: b.__setitem__(slice(q, q + F.QUANT_BYTES), F.pack_quant(
-                  scale=0.01, zero_point=0, axis=F.PER_TENSOR, reserved=b"\0" * 3, n_channels=1, scales=F.NO_NAME,
+                  scale=0.01, zero_point=0, axis=F.PER_TENSOR, where=F.QUANT_IN_DATA, reserved=b"\0" * 2,
+                  n_channels=1, scales=F.NO_NAME,
                   zero_points=F.NO_NAME)),
               "zero points": _zero_points(plan),
               "no record": _no_quant}[case]

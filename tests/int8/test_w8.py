@@ -167,7 +167,7 @@ def single_op(op, inputs, y, attrs, scratch=None):
         ([index[id(scratch)]] if scratch is not None else []) + [index[id(y)]]
     ops_ = [TOp(op, "FORWARD", slots, list(attrs))]
     io = (0, len(tensors) - 1, index[id(y)])
-    arena, state, naive, peak, blobs, size, quants = assign_memory(tensors, ops_, io[:2], "naive")
+    arena, state, naive, peak, blobs, size, quants, _ = assign_memory(tensors, ops_, io[:2], "naive")
     return Plan(write_plan(tensors, ops_, arena=arena, state=state, naive=naive, blobs=blobs, data_size=size, io=io,
                            loss="cross-entropy", batch=1, lr=0.0, momentum=0.0, weight_decay=0.0, macs=0,
                            meta={"input": {"shape": list(x.shape)}, "output": {"shape": list(y.shape)}},

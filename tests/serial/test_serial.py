@@ -74,6 +74,42 @@ def test_deploy_train_eval_pull(tmp_path, capsys, target, exporter):
     assert np.abs(got - want).max() <= TOL * max(1.0, np.abs(want).max())
 
 
+@pytest.mark.device
+def test_deploy_a_streamed_plan_trains_from_its_file(tmp_path, capsys):
+    """A plan with a stream section (compile --constants stream), deployed as a file to the qemu
+    board's filesystem: the server opens it by its path, keeps only its head and reads the frozen
+    layer's constants from the file at every step; the pulled parameters are the simulator's."""
+    import microtrain
+    onnx_path = export_mlp(str(tmp_path / "mlp.onnx"), "dynamo")
+    plan = microtrain.compile(onnx_path, update="last-layer", loss="cross-entropy", lr=0.05, momentum=0.9,
+                              stream=True)
+    assert plan.report()["read_per_step"] > 0
+    plan.save(str(tmp_path / "mlp.mtp"))
+    x, y, xt, yt = iris()
+    np.savez(tmp_path / "iris.npz", x=x, y=y, x_test=xt, y_test=yt)
+    sim = oracle(plan, x, y)
+    board = make_board("qemu")
+    try:
+        port = board.port
+        code, out, err = run_cli(capsys, "deploy", tmp_path / "mlp.mtp", "--port", port)
+        assert code == 0 and "deployed" in out, err
+        code, out, err = run_cli(capsys, "train", "--port", port, "--data", tmp_path / "iris.npz",
+                                 "--epochs", EPOCHS, "--seed", SEED)
+        assert code == 0, err
+        code, out, err = run_cli(capsys, "pull", "--port", port, "-o", tmp_path / "params.npz")
+        assert code == 0, err
+        from microtrain.device.board import Board
+        with Board(port) as b:
+            info = b.info()["trainer"]
+    finally:
+        board.close()
+    # only the head in RAM; the Board's connection restarted the server, which opened the plan again and
+    # restored its checkpoint: since then it read each group once (attach's checks, reset's initial values)
+    assert info["streamed"] and info["head_bytes"] == plan.header["stream_off"] < len(plan.data), info
+    assert info["steps"] == EPOCHS * len(x) and info["stream_read_bytes"] == sum(g["bytes"] for g in plan.groups), info
+    assert_params_equal(dict(np.load(tmp_path / "params.npz")), sim)
+
+
 def one_line_error(code, err):
     assert code == 2, err
     lines = err.strip().splitlines()

@@ -31,7 +31,7 @@ def single_op_plan(op, x, inputs, y, attrs, input_dtype="I8"):
     ops = [TOp(op, "FORWARD", slots, list(attrs)),
            TOp("DEQUANTIZE", "FORWARD", [index[id(y)], index[id(out)]], [])]
     io = (0, len(tensors) - 1, len(tensors) - 2)
-    arena, state, naive, peak, blobs, size, quants = assign_memory(tensors, ops, io[:2], "naive")
+    arena, state, naive, peak, blobs, size, quants, _ = assign_memory(tensors, ops, io[:2], "naive")
     data = write_plan(tensors, ops, arena=arena, state=state, naive=naive, blobs=blobs, data_size=size, io=io,
                       loss="cross-entropy", batch=1, lr=0.0, momentum=0.0, weight_decay=0.0, macs=0,
                       meta={"input": {"shape": list(x.shape)}, "output": {"shape": list(y.shape)}},

@@ -91,8 +91,15 @@ def _romfs_deploy(transport, image, partition=0):
 CHECKPOINT_EXTRA = 64 + 512
 SERVER_BYTES = 1024
 HEAP_PARTS = {"ram_bytes": "arena and state (and context, where not read from the plan)", "trainer": "Trainer object",
-              "plan": "plan read into RAM",
+              "plan": "plan read into RAM", "head": "plan head (its constants streamed from the file)",
+              "file": "open plan file",
               "checkpoint": "checkpoint buffers", "pull": "parameter copies for pull", "server": "server"}
+
+
+def _file_placement(plan):
+    """Where a plan deployed as a file keeps its constants: streamed from the file when it has a stream
+    section (the server opens it by its path: Trainer(path)), else the whole plan read into RAM."""
+    return "streamed" if plan.header["stream_off"] else "in RAM"
 
 
 def _warn_context(plan, info):
@@ -342,13 +349,13 @@ class Board:
                                    "update the board's firmware"))
         if romfs is None:
             r = plan.report()
-            fits_as_file = sum(self.heap_needed(plan, True).values()) <= facts["mem_free"]
+            fits_as_file = sum(self.heap_needed(plan, _file_placement(plan)).values()) <= facts["mem_free"]
             romfs = bool(facts.get("romfs")) and (r["const_int8_bytes"] > 0 or not fits_as_file)
         if romfs:
             return self._deploy_romfs(plan)
         self.link.request_json(P.PLAN_BEGIN, {"bytes": len(data), "crc": zlib.crc32(data)})
         free = self.link.request_json(P.HELLO, {"version": P.VERSION})["mem_free"]
-        self.check_heap(plan, free, in_ram=True)
+        self.check_heap(plan, free, _file_placement(plan))
         off = 0
         while off < len(data):
             reply, _ = self._sized(P.PLAN_DATA, lambda size: (struct.pack(P.PLAN_DATA_HEAD, off)
@@ -378,7 +385,7 @@ class Board:
             raise PlanTooBig("the plan's ROMFS image is %d bytes and the board's ROMFS partition %d: %d bytes short"
                              % (len(image), facts["romfs"], len(image) - facts["romfs"]))
         self.link.request_json(P.PLAN_BEGIN, {"bytes": 0, "crc": 0})     # frees the old plan's RAM
-        self.check_heap(plan, self.link.request_json(P.HELLO, {"version": P.VERSION})["mem_free"], in_ram=False)
+        self.check_heap(plan, self.link.request_json(P.HELLO, {"version": P.VERSION})["mem_free"], "in place")
         self.close(quit=True, keep_port=True)
         self._enter_raw_repl()
         _romfs_deploy(self.transport, image)
@@ -393,14 +400,15 @@ class Board:
         self._plan = plan
         return _warn_context(plan, self.info())
 
-    def heap_needed(self, plan, in_ram=True):
+    def heap_needed(self, plan, where="in RAM"):
         """{part: bytes} of the board's heap that training this plan through the server
         takes: the Trainer as boards.ram_needed counts it for a board of this word size
-        (GC blocks, the Trainer object, the plan itself when it is read into RAM), plus
-        the server's own (see CHECKPOINT_EXTRA)."""
+        with the plan's constants `where` (boards.PLACEMENTS: GC blocks, the Trainer object,
+        the plan itself when it is read into RAM, its head and open file when its constants
+        are streamed), plus the server's own (see CHECKPOINT_EXTRA)."""
         from ..boards import _state_bytes, ram_needed
         r = plan.report()
-        parts = ram_needed(r, self._profile(), in_ram)
+        parts = ram_needed(r, self._profile(), where)
         parts["checkpoint"] = r["param_bytes"] + CHECKPOINT_EXTRA
         parts["pull"] = r["param_bytes"] - _state_bytes(r, "mom(") - _state_bytes(r, "acc(")
         parts["server"] = SERVER_BYTES
@@ -412,13 +420,13 @@ class Board:
         return {"name": facts.get("platform", "board"), "word_bytes": facts.get("word_bytes", 4),
                 "romfs": {"available": bool(facts.get("romfs"))}}
 
-    def check_heap(self, plan, free, in_ram=True):
+    def check_heap(self, plan, free, where="in RAM"):
         """PlanTooBig (by how much, and what would help) if the plan does not fit the free heap."""
         from ..boards import _remedies
-        parts = self.heap_needed(plan, in_ram)
+        parts = self.heap_needed(plan, where)
         need = sum(parts.values())
         if need > free:
-            fixes = _remedies(plan.report(), self._profile(), need - free, in_ram)
+            fixes = _remedies(plan.report(), self._profile(), need - free, where)
             raise PlanTooBig("the plan needs %d bytes of RAM on the board (%s) and the board has %d free: "
                              "%d bytes short; would help: %s"
                              % (need, ", ".join("%s %d" % (HEAP_PARTS.get(k, k), n) for k, n in parts.items() if n),

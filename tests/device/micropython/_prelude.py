@@ -62,6 +62,16 @@ def sample(n, seed, step=5, mod=11):
     return array("f", [((i * step + seed) % mod) / mod - 0.5 for i in range(n)])
 
 
+def allocation(plan):
+    """(heap bytes Trainer(plan) took, the Trainer); in a function: its locals allocate nothing (a
+    new module global could grow the dict)."""
+    gc.collect()
+    before = gc.mem_alloc()
+    t = microtrain.Trainer(plan)
+    gc.collect()
+    return gc.mem_alloc() - before, t
+
+
 def train_full_and_compare():
     """Train PLAN on X, Y for STEPS steps and compare with the host: every loss and parameter
     within TOL, the losses decrease, and every parameter in INIT (the trainable ones) has moved

@@ -52,7 +52,7 @@ gc.collect()
 load("int", 42)
 load("None", None)
 load("list", [0] * 200)
-load("str", "MTPL" * 420)
+load("str", "no_such_plan.mtp", show=False)   # a path: the file is not there
 try:
     microtrain.Trainer()
 except TypeError:

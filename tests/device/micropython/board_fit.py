@@ -8,16 +8,6 @@ word = 8 if sys.maxsize > 2 ** 32 else 4
 plan = bytes(bytearray(PLAN))   # aligned, on the heap already, read-only: the constructor reads it and
                                 # its runtime context in place (a bytearray's context it decodes into RAM)
 
-
-def allocation(plan):
-    """In a function: its locals allocate nothing (a new module global could grow the dict)."""
-    gc.collect()
-    before = gc.mem_alloc()
-    t = microtrain.Trainer(plan)
-    gc.collect()
-    return gc.mem_alloc() - before, t
-
-
 used, t = allocation(plan)
 print("allocated no more than counted", used <= NEED[word])
 print("counted no more than 4 GC blocks too much", NEED[word] - used <= 4 * GC_BLOCK[word])

@@ -48,6 +48,19 @@ def _exists(path):
         return False
 
 
+def _file_crc(path):
+    """CRC-32 of a file, read 512 bytes at a time into one buffer."""
+    crc = 0
+    buf = bytearray(512)
+    mv = memoryview(buf)
+    with open(path, "rb") as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                return crc & 0xFFFFFFFF
+            crc = P.crc32(mv[:n], crc)
+
+
 def _romfs():
     """Bytes of the board's first ROMFS partition that a deploy can write (0: none)."""
     try:
@@ -106,17 +119,15 @@ class Server:
         gc.collect()
         self.plan_path = path = PLAN_PATH if _exists(PLAN_PATH) or not _exists(ROM_PLAN_PATH) else ROM_PLAN_PATH
         try:
-            if path == ROM_PLAN_PATH:
-                plan = open(path, "rb")        # read in place from flash
-            else:
-                with open(path, "rb") as f:
-                    plan = f.read()
+            self.plan_crc = _file_crc(path)
         except OSError:
             return                              # no plan deployed yet
         try:
-            self.plan_crc = P.crc32(plan) & 0xFFFFFFFF
             self.plan_len = os.stat(path)[6]
-            self.t = _mt.Trainer(plan)
+            # by its path: in place from ROMFS; else the plan's head read into RAM in pieces and its
+            # constants read from the file as the ops need them (a plan with a stream section), or
+            # the whole plan read in pieces into one block
+            self.t = _mt.Trainer(path)
         except Exception as e:  # reported to the host by HELLO
             self.plan_error = "%s: %s" % (type(e).__name__, e)
             return
@@ -295,15 +306,9 @@ class Server:
             raise ValueError("PLAN_END without PLAN_BEGIN")
         up[0].close()
         self.upload = None
-        crc = 0
-        with open(PLAN_NEW, "rb") as f:
-            while True:
-                piece = f.read(512)
-                if not piece:
-                    break
-                crc = P.crc32(piece, crc)
+        crc = _file_crc(PLAN_NEW)
         size = os.stat(PLAN_NEW)[6]
-        if size != up[2] or crc & 0xFFFFFFFF != up[3]:
+        if size != up[2] or crc != up[3]:
             os.remove(PLAN_NEW)
             raise ValueError("plan arrived with %d bytes, CRC %08x; expected %d bytes, CRC %08x"
                              % (size, crc & 0xFFFFFFFF, up[2], up[3]))
