@@ -4,8 +4,17 @@
 # mt/ckpt.bin); a board that is reset or loses power carries on from the last
 # checkpoint when this script runs again, and trains no window twice.
 #
+#     python examples/gesture/make_model.py build/gesture    # on the host: gesture.mtp
+#     microtrain deploy build/gesture/gesture.mtp --port PORT  # the plan into mt/plan.mtp
 #     micropython personalise.py                # unix port, in the board's directory
 #     mpremote connect PORT cp sensor.py : + run personalise.py
+#
+# The emulated qemu boards (MPS2_AN500, VIRT_RV32) mount no filesystem at boot, so `cp` fails
+# with "No such device": mount their RAM disk in the same mpremote line (a new mpremote
+# connection soft-resets the board, which unmounts it; the files stay in its RAM):
+#
+#     mpremote connect PORT exec "from microtrain import ramdisk; ramdisk.mount()" \
+#         + cp sensor.py : + run personalise.py
 import sys
 from array import array
 

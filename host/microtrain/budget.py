@@ -126,8 +126,9 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, board=None, **op
         if peak > budget:
             r = plan.report()
             raise ValueError("budget %d B is too small: the classifier alone needs %d B of %s (arena %d, "
-                             "trainable state %d, context %d%s). Give at least that, or reduce the arena (int8 "
-                             "frozen part: quantize='int8'; saved='bits')"
+                             "trainable state %d, context %d%s). Give at least that, or reduce the arena: an int8 "
+                             "frozen part (--quantize int8 --calibration CALIB.npz), ReLU masks as bits (--saved "
+                             "bits)"
                              % (budget, peak, "peak RAM" if board is None else "heap on " + board["name"],
                                 r["arena_bytes"], r["param_bytes"], r["context_ram_bytes"],
                                 "" if board is None else ", the plan's part: %s" % _placement_text(r, board)))

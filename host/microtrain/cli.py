@@ -33,6 +33,9 @@ def _compile(args):
     if args.quantize and calibration is None:
         raise ValueError("--quantize int8 needs --calibration CALIB.npz: typical inputs (array x, samples first) "
                          "to set the int8 scales from")
+    if calibration is not None and not args.quantize:
+        raise ValueError("--calibration %s is read only by --quantize int8 (it sets the int8 scales): add "
+                         "--quantize int8, or leave --calibration out" % args.calibration)
     options = dict(loss=args.loss, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                    batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
                    calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
@@ -166,7 +169,7 @@ def print_report(r, out=sys.stdout, tensors=True):
     w("ops             %d (%s)\n" % (r["ops"], ", ".join("%s %d" % kv for kv in r["ops_by_phase"].items())))
     w("training        update=%s loss=%s batch=%d lr=%g momentum=%g weight_decay=%g\n"
       % (r["update"], r["loss"], r["batch"], r["lr"], r["momentum"], r["weight_decay"]))
-    w("trainable       %s\n" % ", ".join(r["trainable"]))
+    w("trainable       %s\n" % (", ".join(r["trainable"]) or "nothing (an inference-only plan, --update none)"))
     for note in r["notes"]:
         w("note            %s\n" % note)
     if tensors:
@@ -260,6 +263,11 @@ def _simulate(args):
     before = sim.evaluate(xt, yt)
     print("%s before training (%s, %d samples): %.4f" % (metric, held, len(xt), before))
 
+    if not plan.report()["trainable"]:   # --update none: nothing to train, the accuracy above is the answer
+        print("nothing to train: the plan is inference-only (compiled with --update none); recompile with another "
+              "--update to train it")
+        return
+
     def epoch_done(e, loss):
         line = "epoch %d/%d: mean loss %.4f" % (e, args.epochs, loss)
         if test is not None:
@@ -326,6 +334,8 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action):
         if action.required or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
             return action.help
+        if "(default" in action.help or (action.nargs == 0 and action.default is True):
+            return action.help   # it says its default in its own words, or it is a --no-X switch
         return super()._get_help_string(action)
 
 
@@ -452,11 +462,16 @@ def parser():
     e.add_argument("--onnx", required=True, metavar="MODEL.onnx", help="the model the plan was compiled from")
     e.add_argument("-o", "--output", required=True, metavar="TRAINED.onnx", help="ONNX file to write")
     e.set_defaults(func=_export)
-    b = sub.add_parser("boards", help="list the supported boards and their memory budgets", formatter_class=fmt)
+    b = sub.add_parser("boards", help="list the supported boards and their memory budgets", formatter_class=fmt,
+                       description="List the board profiles (core, FPU, SRAM, flash, free heap, .mpy architecture, "
+                       "MicroPython port, ROMFS, status); give a name to compile --board, report --board and "
+                       "flash --board.")
     b.add_argument("--json", action="store_true", help="print the profiles as JSON")
     b.set_defaults(func=_boards)
     f = sub.add_parser("flash", help="write a board's firmware (make firmware BOARD=NAME) with its family's tool",
-                       formatter_class=fmt)
+                       formatter_class=fmt, description="Write the MicroPython firmware with microtrain built in "
+                       "(make firmware BOARD=NAME) to a board with its family's tool: esptool, UF2 copy or "
+                       "picotool, dfu-util or st-flash.")
     f.add_argument("--board", required=True, metavar="NAME", help="board profile to flash (microtrain boards)")
     f.add_argument("--port", help="serial port of the board (esptool needs it)")
     f.add_argument("--image", help="firmware image to write (default: build/firmware/NAME/<image>)")

@@ -23,6 +23,7 @@ weights that train on part of their channels.
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
@@ -46,6 +47,11 @@ def load_scheme(update, scheme=None):
     where = "the scheme"
     if isinstance(update, str):
         from .update import load_json
+        if scheme is not None and not update.endswith(".json") and not os.path.exists(update):
+            raise ValueError("--scheme %s picks a scheme out of a *.schemes.json file given as --update (Python: "
+                             "update=PATH, scheme=NAME), but --update is %r; MIT's files (such as "
+                             "mcunet-5fps.schemes.json) are in the TTE models folder, docs/sparse.md"
+                             % (scheme, update))
         where = update
         doc = load_json(update, "scheme file")
     if not isinstance(doc, dict):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 
-MODES = ("last-layer", "bias", "last:K", "full", "a JSON file of initializer names")
+MODES = ("last-layer", "bias", "last:K", "full", "none (inference only)", "a JSON file of initializer names",
+         "a MIT sparse-update scheme (JSON; a *.schemes.json file with --scheme NAME)")
 
 
 def _layer_params(layer):

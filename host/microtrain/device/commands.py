@@ -18,7 +18,9 @@ def add_arguments(sub, formatter_class):
         p.add_argument("--port", help="serial port of the board (default: the one MicroPython board on USB)")
         p.add_argument("--baud", type=int, default=115200, help="baud rate for UART-attached boards")
 
-    d = sub.add_parser("deploy", formatter_class=formatter_class, help="put a plan on a board over serial")
+    d = sub.add_parser("deploy", formatter_class=formatter_class, help="put a plan on a board over serial",
+                       description="Put a plan on a board over serial (USB, or a UART with --baud) and start a "
+                       "Trainer on it; the board runs MicroPython with microtrain (microtrain flash).")
     d.add_argument("plan", help="plan file (.mtp)")
     d.add_argument("--romfs", action=argparse.BooleanOptionalAction, default=None,
                    help="put the plan on the board's ROMFS partition, read in place from flash (default: where "
@@ -26,24 +28,30 @@ def add_arguments(sub, formatter_class):
     port_args(d)
     d.set_defaults(func=deploy)
 
-    t = sub.add_parser("train", formatter_class=formatter_class, help="train the board's plan on data streamed over serial")
+    t = sub.add_parser("train", formatter_class=formatter_class, help="train the board's plan on data streamed over serial",
+                       description="Train the plan deployed on the board (microtrain deploy) on the samples of an "
+                       ".npz streamed over serial, checkpointing on the board; --resume carries on an interrupted run.")
     t.add_argument("--data", required=True, help=".npz with x (samples first) and y")
     t.add_argument("--epochs", type=int, default=1, help="passes over the data")
     t.add_argument("--seed", type=int, default=0, help="shuffle seed (the same as `simulate`'s)")
     t.add_argument("--resume", action="store_true", help="carry on with the board's run on this data and seed")
     t.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                   help="checkpoint on the board every N samples (default: at the end only)")
+                   help="checkpoint on the board every N samples (default: 0, at the end only)")
     t.add_argument("--no-accuracy", action="store_true",
                    help="do not measure the running accuracy (saves a forward pass per sample)")
     port_args(t)
     t.set_defaults(func=train)
 
-    e = sub.add_parser("eval", formatter_class=formatter_class, help="accuracy (or mse) of the board's model on data")
+    e = sub.add_parser("eval", formatter_class=formatter_class, help="accuracy (or mse) of the board's model on data",
+                       description="Accuracy (or mse) of the model on the board, measured by the board on the "
+                       "samples of an .npz (x_test, y_test if present, else x, y).")
     e.add_argument("--data", required=True, help=".npz with x and y (x_test, y_test if present)")
     port_args(e)
     e.set_defaults(func=evaluate)
 
-    p = sub.add_parser("pull", formatter_class=formatter_class, help="read the trained parameters back from a board")
+    p = sub.add_parser("pull", formatter_class=formatter_class, help="read the trained parameters back from a board",
+                       description="Read the trained parameters back from the board: into an .npz, or with --onnx "
+                       "into the ONNX model the plan was compiled from.")
     p.add_argument("-o", "--output", required=True, help="TRAINED.onnx (with --onnx) or params.npz")
     p.add_argument("--onnx", metavar="MODEL.onnx", help="the model the plan was compiled from")
     port_args(p)

@@ -32,7 +32,9 @@ def add_arguments(sub, formatter_class):
                          "or write a Flower App")
 
     s = fs.add_parser("simulate", formatter_class=formatter_class,
-                      help="a fleet of emulated boards in Flower's simulation engine, non-IID shards of a data set")
+                      help="a fleet of emulated boards in Flower's simulation engine, non-IID shards of a data set",
+                      description="Run a fleet of emulated boards in Flower's simulation engine, each board "
+                      "training on a non-IID shard of a data set.")
     s.add_argument("plan", help="plan file (.mtp) the boards run")
     s.add_argument("--data", required=True, help=".npz with x, y (split over the boards) and x_test, y_test (held out, "
                    "evaluated on this host)")
@@ -53,19 +55,25 @@ def add_arguments(sub, formatter_class):
     s.set_defaults(func=_simulate)
 
     p = fs.add_parser("provision", formatter_class=formatter_class,
-                      help="put a labelled set on a board's filesystem as its samples (mt/samples.bin)")
+                      help="put a labelled set on a board's filesystem as its samples (mt/samples.bin)",
+                      description="Put a labelled set on a board's filesystem as the samples it trains on in a "
+                      "fleet round (mt/samples.bin).")
     p.add_argument("--data", required=True, help=".npz with x and y")
     p.add_argument("--port", help="serial port of the board (default: the one MicroPython board on USB)")
     p.add_argument("--baud", type=int, default=115200, help="baud rate for UART-attached boards")
     p.set_defaults(func=_provision)
 
     b = fs.add_parser("bytes", formatter_class=formatter_class,
-                      help="what a round moves over each board's link for a plan")
+                      help="what a round moves over each board's link for a plan",
+                      description="What one federated round moves over each board's link for a plan: its "
+                      "trainable values down and up.")
     b.add_argument("plan", nargs="+", help="plan files (.mtp)")
     b.set_defaults(func=_bytes)
 
     a = fs.add_parser("app", formatter_class=formatter_class,
-                      help="write a Flower App (pyproject.toml) for `flwr run` on SuperLink and SuperNodes")
+                      help="write a Flower App (pyproject.toml) for `flwr run` on SuperLink and SuperNodes",
+                      description="Write a Flower App (pyproject.toml) for `flwr run` on a SuperLink and "
+                      "SuperNodes.")
     a.add_argument("dir", help="directory to write it in")
     a.add_argument("--plan", required=True, help="the plan the boards run (read by the ServerApp on the SuperLink's host)")
     a.add_argument("--test-data", default="", help=".npz held out on the server's host for the global accuracy")
