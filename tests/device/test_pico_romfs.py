@@ -35,9 +35,10 @@ pytestmark = [pytest.mark.device, pytest.mark.slow]
 STEPS = 6
 N = 3
 HIDDEN = 3072
-# the Trainer object with its mt_ctx_t (boards.py: 304 B), about 220 B more that Trainer(f)
-# allocates (measured: 520 B in all with ram_bytes 8344), and the GC's 16-byte block rounding
-SLACK = 544
+# the Trainer object with its mt_ctx_t (boards.py: 352 B), about 250 B more that Trainer(f)
+# allocates (measured: 600 B in all with ram_bytes 8344, 592 B with MCUNet's 101616), and the
+# GC's 16-byte block rounding
+SLACK = 608
 
 
 class WideMLP(nn.Module):
