@@ -14,6 +14,8 @@ import sys
 
 import numpy as np
 
+from .datafiles import load_data, load_npz
+
 
 def _writable(path, option):
     """Refuse an output path before any work is done for it."""
@@ -211,32 +213,6 @@ def _report(args):
             print("board           %s" % line)
 
 
-def load_npz(path, option):
-    """The arrays of an .npz archive, or ValueError saying what the file is instead."""
-    try:
-        d = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise ValueError("%s %s: no such file" % (option, path)) from None
-    except (OSError, ValueError, EOFError) as e:   # EOFError: an empty file
-        raise ValueError("%s %s is not an .npz archive; write one with np.savez(%r, x=..., y=...)"
-                         % (option, path, path)) from e
-    if not hasattr(d, "files"):
-        raise ValueError("%s %s is a single .npy array, not an .npz archive of named arrays; write one with "
-                         "np.savez(%r, x=..., y=...)" % (option, path, os.path.splitext(path)[0] + ".npz"))
-    return d
-
-
-def load_data(path, option="--data"):
-    d = load_npz(path, option)
-    missing = [k for k in ("x", "y") if k not in d.files]
-    if missing:
-        raise ValueError("%s %s lacks array(s) %s; it must hold x (samples first) and y" % (option, path, missing))
-    if ("x_test" in d.files) != ("y_test" in d.files):
-        raise ValueError("%s %s holds %s without %s; give both or neither"
-                         % ((option, path) + (("x_test", "y_test") if "x_test" in d.files else ("y_test", "x_test"))))
-    return d
-
-
 def _simulate(args):
     from .plan import load_plan
     from .simulator import Simulator, TrainingDiverged
@@ -340,7 +316,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parser():
-    from . import __version__
+    from .version import __version__
     from . import format as F
     fmt = _Help
     p = _Parser(prog="microtrain", formatter_class=fmt,

@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import math
 
-from . import __version__
+from .version import __version__
 from . import format as F
 from .dq_conv import add_dequantized, fuse_dequantize_conv, stream_into_projection
 from .dw_stream import stream_blocks
 from .recompute import replay_saved
 from .ring_channels import one_channel_rings, prune
-from .onnx_import import import_onnx
+from .onnx_frontend import import_onnx
 from .memory import assign_memory
+from .stream import planned, windowed
 from .plan import Plan, with_context, write_plan
 from .q8state import TRAINED_WEIGHTS, store_int8
 from .split import split_partial_weights
-from .training import build_training, check_gradient_paths, drop_unused, macs_total
+from .lowered import drop_unused
+from .training import build_training, check_gradient_paths, macs_total
 from .update import resolve_update
 
 LOSSES = ("cross-entropy", "mse")
@@ -66,9 +68,9 @@ INPUT_DTYPES = {"float32": "F32", "int8": "I8", "uint8": "U8"}
 
 def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=0.0, weight_decay=0.0,
             batch=1, planner="search", guard=0, clip_grad=None, quantize=None, calibration=None,
-            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32", budget=None,
+            input_dtype="float32", input_quant=None, int8_scope="prefix", scheme=None, saved="float32",
             int8_fuse=True, frozen_weights="float32", trained_weights="float32", recompute=True,
-            budget_probe=None, input_in_place=False, stream=False, stream_window=None):
+            input_in_place=False, stream=False, stream_window=None):
     """Compile an ONNX model (path, bytes or onnx.ModelProto) into a Plan.
 
     update: "last-layer", "bias", "last:K", "full", "none" (an inference-only plan), a JSON file
@@ -96,10 +98,8 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     quarter of the float bytes; outputs within half an int8 step of 0 or hi then pass no gradient,
     as in an int8 model; "bits" keeps the mask of every Clip (ReLU, ReLU6) output the backward
     reads only for its mask as 1 bit per element (MASK_PACK, MASK_BWD), gradients exactly those of
-    "float32" (docs/sparse.md). budget (bytes, or "200KB"): choose the scheme by the rule
-    of budget.py so that peak RAM fits (the plan's meta["update"] holds the scheme chosen);
-    budget_probe ((x, y), labelled samples of a proxy task) chooses among the schemes that fit by
-    their held-out loss after a short training in the simulator (budget.py).
+    "float32" (docs/sparse.md). (microtrain.compile, api.py, also takes budget and budget_probe:
+    the budget search, a layer above this function.)
     int8_fuse: True streams frozen int8 convs so that their large tensors are never stored, with the
     same integers (q8_fuse.py): a conv, the depthwise conv that alone reads it and the 1x1 conv that
     alone reads that, row by row (CONV_DW_PW_Q8: a stem and its first block, an inverted-residual
@@ -135,18 +135,6 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
     """
     if trained_weights not in TRAINED_WEIGHTS:
         raise ValueError("unknown trained_weights %r; use one of %s" % (trained_weights, ", ".join(TRAINED_WEIGHTS)))
-    if budget is not None:   # choose what trains (budget.py), then the plan of that choice
-        from .budget import choose
-        if update != "last-layer" or scheme is not None:
-            raise ValueError("budget chooses what trains: give it without update/scheme")
-        return choose(model, budget, loss=loss, lr=lr, momentum=momentum, weight_decay=weight_decay, batch=batch,
-                      planner=planner, guard=guard, clip_grad=clip_grad, quantize=quantize, calibration=calibration,
-                      input_dtype=input_dtype, input_quant=input_quant, int8_scope=int8_scope, saved=saved,
-                      int8_fuse=int8_fuse, frozen_weights=frozen_weights, trained_weights=trained_weights,
-                      recompute=recompute, input_in_place=input_in_place, probe=budget_probe, stream=stream,
-                      stream_window=stream_window)[1]
-    if budget_probe is not None:
-        raise ValueError("budget_probe chooses among the schemes a budget fits: give it with budget")
     if recompute not in (True, False):
         raise ValueError("recompute must be True or False, got %r" % (recompute,))
     if input_in_place not in (True, False):
@@ -208,7 +196,7 @@ def compile(model, update="last-layer", loss="cross-entropy", lr=0.01, momentum=
         from .quantize import ptq
         if input_quant is not None:   # the int8 form of the input's (scale, zero point)
             input_quant = (float(input_quant[0]), int(input_quant[1]) - (128 if input_dtype == "uint8" else 0))
-        ptq(graph, trainable, calibration, input_quant, int8_scope)
+        ptq(graph, trainable, calibration, build_plan, input_quant, int8_scope)
     elif input_quant is not None:
         raise ValueError("input_quant is for quantize='int8'; a QDQ model states its input's quantization")
     if graph.quant:
@@ -311,15 +299,14 @@ def build_plan(graph, trainable, loss, lr=0.01, momentum=0.0, weight_decay=0.0, 
             graph.notes.append("recompute: %d saved activation%s made again in the backward instead of kept (%s)"
                                % (len(replayed), "s" if len(replayed) > 1 else "", ", ".join(replayed)))
     if stream:   # the frozen constants read from the plan's file, a block too large for a window cut (stream.py)
-        from .stream import windowed
         ops, window, cut = windowed(tensors, ops, ("INPUT", "TARGET"), stream_window, guard)
         if cut:
             graph.notes.append("stream: %d ops consume their constants in blocks of output channels, at most %d B "
                                "each" % (cut, window))
             out, inp, tgt = (next(i for i, t in enumerate(tensors) if t.flags & F.TFLAGS[f])
                              for f in ("OUTPUT", "INPUT", "TARGET"))
-    arena, state, naive, peak, blobs, data_size, quants, lay = assign_memory(tensors, ops, (inp, tgt), planner, guard,
-                                                                             stream=stream)
+    arena, state, naive, peak, blobs, data_size, quants, lay = (planned if stream else assign_memory)(
+        tensors, ops, (inp, tgt), planner, guard)
     if trainable:
         check_gradient_paths(tensors, ops, trainable)   # never a plan that silently does not train
     meta = {

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import format as F
 from .ir import Quant
-from .training import TTensor
+from .lowered import TTensor
 
 TRAINED_WEIGHTS = ("float32", "int8")
 GEMM_OPS = ("GEMM", "GEMM_BWD_INPUT", "GEMM_BWD_WEIGHT")

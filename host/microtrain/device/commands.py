@@ -65,7 +65,7 @@ def _board(args):
 
 
 def _data(path, test=False):
-    from ..cli import load_data
+    from ..datafiles import load_data
     d = load_data(path)
     if test and "x_test" in d.files and "y_test" in d.files:
         return d["x_test"], d["y_test"], "x_test/y_test"
