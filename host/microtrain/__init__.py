@@ -5,6 +5,7 @@ on the host with the same C core the firmware runs.
 """
 from .version import __version__  # noqa: F401
 from .api import compile  # noqa: F401  (shadows the builtin on purpose: microtrain.compile)
+from .options import CompileOptions  # noqa: F401
 from .plan import Plan, load_plan  # noqa: F401
 from .simulator import Simulator  # noqa: F401
 from .native import PlanError  # noqa: F401

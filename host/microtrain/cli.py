@@ -30,6 +30,7 @@ def _writable(path, option):
 
 def _compile(args):
     from .compiler import compile
+    from .options import CompileOptions
     _writable(args.output, "-o")
     calibration = _calibration(args.calibration) if args.calibration else None
     if args.quantize and calibration is None:
@@ -38,12 +39,12 @@ def _compile(args):
     if calibration is not None and not args.quantize:
         raise ValueError("--calibration %s is read only by --quantize int8 (it sets the int8 scales): add "
                          "--quantize int8, or leave --calibration out" % args.calibration)
-    options = dict(loss=args.loss, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-                   batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
-                   calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
-                   saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
-                   trained_weights=args.trained_weights, recompute=args.recompute,
-                   input_in_place=args.input_in_place)
+    options = CompileOptions(
+        update=args.update, scheme=args.scheme, loss=args.loss, lr=args.lr, momentum=args.momentum,
+        weight_decay=args.weight_decay, batch=args.batch, planner=args.planner, clip_grad=args.clip_grad,
+        quantize=args.quantize, calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
+        saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
+        trained_weights=args.trained_weights, recompute=args.recompute, input_in_place=args.input_in_place)
     board = None
     if args.board:
         from .boards import load_board
@@ -60,9 +61,9 @@ def _compile(args):
         if args.budget is not None:   # the search counts the plans as this board will hold them
             stream = not board["romfs"].get("available")
         else:   # streamed, unless the plan is small beside the heap or streaming needs more of it
-            resident = compile(args.model, update=args.update, scheme=args.scheme, **options)
+            resident = compile(args.model, options)
             stream = wants_stream(resident.report(), board)
-    options.update(stream=stream, stream_window=args.stream_window)
+    options = CompileOptions.of(options, stream=stream, stream_window=args.stream_window)
     if args.budget is not None:
         if args.update != "last-layer" or args.scheme:
             raise ValueError("--budget chooses what trains: give it without --update/--scheme")
@@ -71,13 +72,14 @@ def _compile(args):
         if args.budget_probe:
             d = load_data(args.budget_probe, "--budget-probe")
             probe = (d["x"], d["y"])
+        rest = {k: v for k, v in options.asdict().items() if k not in ("update", "scheme")}
         scheme, plan = choose(args.model, args.budget, log=lambda line: print("budget: " + line, flush=True),
-                              probe=probe, probe_epochs=args.probe_epochs, board=board, **options)
+                              probe=probe, probe_epochs=args.probe_epochs, board=board, **rest)
         print("budget: scheme " + json.dumps(scheme))
     else:
         if args.budget_probe:
             raise ValueError("--budget-probe chooses among the schemes a budget fits: give it with --budget")
-        plan = compile(args.model, update=args.update, scheme=args.scheme, **options)
+        plan = compile(args.model, options)
         if resident is not None and stream and \
                 sum(ram_needed(resident.report(), board).values()) < sum(ram_needed(plan.report(), board).values()):
             plan = resident   # an op's constants too large for a window: whole in RAM needs less
