@@ -8,3 +8,4 @@ from .api import compile  # noqa: F401  (shadows the builtin on purpose: microtr
 from .plan import Plan, load_plan  # noqa: F401
 from .simulator import Simulator  # noqa: F401
 from .native import PlanError  # noqa: F401
+from .unfold import state_dict  # noqa: F401

@@ -218,8 +218,19 @@ def _simulate(args):
     from .simulator import Simulator, TrainingDiverged
     if args.save_params:
         _writable(args.save_params, "--save-params")   # before training, which would otherwise be lost
+    reference = None
+    if args.state_dict:
+        if not args.save_params:
+            raise ValueError("--state-dict %s is read only by --save-params (the state dict it writes starts from "
+                             "it): add --save-params FILE.npz, or leave --state-dict out" % args.state_dict)
+        from .unfold import load_reference
+        reference = load_reference(args.state_dict)
     plan = load_plan(args.plan)
     sim = Simulator(plan)
+    initial = sim.params()
+    if reference is not None:   # the state dict maps onto the plan: checked before training, not after
+        from .unfold import state_dict
+        state_dict(plan, initial, reference, initial)
     if args.lr is not None:
         sim.lr = args.lr
     d = load_data(args.data)
@@ -256,9 +267,15 @@ def _simulate(args):
         raise TrainingDiverged(e.epoch, e.sample, e.k, e.lr, e.detail, "lower --lr (now %g)") from None
     after = sim.evaluate(xt, yt)
     print("%s after %d epochs (%d steps): %.4f" % (metric, args.epochs, sim.steps, after))
-    if args.save_params:
+    if reference is not None:
+        state = state_dict(plan, sim.params(), reference, initial)
+        np.savez(args.save_params, **state)
+        print("PyTorch state dict written to %s: %s with the trained parameters in place, BatchNorms un-folded "
+              "(module.load_state_dict takes it)" % (args.save_params, args.state_dict))
+    elif args.save_params:
         np.savez(args.save_params, **sim.params())
-        print("trained parameters written to %s" % args.save_params)
+        print("trained parameters written to %s, by ONNX initializer name (for a model whose BatchNorm was folded "
+              "into a conv, --state-dict writes PyTorch's state dict instead)" % args.save_params)
 
 
 def _export(args):
@@ -429,7 +446,13 @@ def parser():
     s.add_argument("--lr", type=_number, default=None, help="learning rate for this run (default: the plan's)")
     s.add_argument("--seed", type=int, default=0, help="seed of the shuffle of each epoch")
     s.add_argument("--save-params", metavar="FILE.npz", default=None,
-                   help="write the trained parameters, by ONNX initializer name")
+                   help="write the trained parameters, by ONNX initializer name (what microtrain export reads); "
+                   "with --state-dict, the whole PyTorch state dict instead")
+    s.add_argument("--state-dict", metavar="MODEL.pt", default=None,
+                   help="with --save-params: the original state dict of the PyTorch module the ONNX came from "
+                   "(torch.save(module.state_dict(), ...), or an .npz of it); --save-params then writes it with "
+                   "the trained values in place and every BatchNorm folded into a conv un-folded, for "
+                   "module.load_state_dict (strict)")
     s.set_defaults(func=_simulate)
     e = sub.add_parser("export", help="write the ONNX model with trained parameters in place", formatter_class=fmt,
                        description="Write the ONNX model the plan came from with trained parameters in place.")
