@@ -218,6 +218,7 @@ def _simulate(args):
     from .simulator import Simulator, TrainingDiverged
     if args.save_params:
         _writable(args.save_params, "--save-params")   # before training, which would otherwise be lost
+    curve = _curve(args, "simulate")
     reference = None
     if args.state_dict:
         if not args.save_params:
@@ -249,6 +250,9 @@ def _simulate(args):
     print()
     before = sim.evaluate(xt, yt)
     print("%s before training (%s, %d samples): %.4f" % (metric, held, len(xt), before))
+    if curve:
+        curve.metric = "%s (%s)" % (metric, held)
+        curve.add(0, value=before)
 
     if not plan.report()["trainable"]:   # --update none: nothing to train, the accuracy above is the answer
         print("nothing to train: the plan is inference-only (compiled with --update none); recompile with another "
@@ -257,8 +261,11 @@ def _simulate(args):
 
     def epoch_done(e, loss):
         line = "epoch %d/%d: mean loss %.4f" % (e, args.epochs, loss)
+        value = sim.evaluate(xt, yt) if test is not None else None
         if test is not None:
-            line += ", held-out %s %.4f" % (metric, sim.evaluate(xt, yt))
+            line += ", held-out %s %.4f" % (metric, value)
+        if curve:
+            curve.add(e, loss, value)
         print(line, flush=True)
 
     try:
@@ -267,6 +274,11 @@ def _simulate(args):
         raise TrainingDiverged(e.epoch, e.sample, e.k, e.lr, e.detail, "lower --lr (now %g)") from None
     after = sim.evaluate(xt, yt)
     print("%s after %d epochs (%d steps): %.4f" % (metric, args.epochs, sim.steps, after))
+    if curve:
+        if test is None:
+            curve.add(args.epochs, value=after)
+        curve.save(args.plot)
+        print("loss and %s curve written to %s" % (metric, args.plot))
     if reference is not None:
         state = state_dict(plan, sim.params(), reference, initial)
         np.savez(args.save_params, **state)
@@ -276,6 +288,16 @@ def _simulate(args):
         np.savez(args.save_params, **sim.params())
         print("trained parameters written to %s, by ONNX initializer name (for a model whose BatchNorm was folded "
               "into a conv, --state-dict writes PyTorch's state dict instead)" % args.save_params)
+
+
+def _curve(args, cmd):
+    """The Curve a --plot run fills in, or None; matplotlib and the path checked before any training."""
+    if not args.plot:
+        return None
+    from .curve import Curve, need_matplotlib
+    _writable(args.plot, "--plot")
+    need_matplotlib()
+    return Curve("microtrain %s %s" % (cmd, os.path.basename(getattr(args, "plan", "") or args.data)), "accuracy")
 
 
 def _export(args):
@@ -453,6 +475,9 @@ def parser():
                    "(torch.save(module.state_dict(), ...), or an .npz of it); --save-params then writes it with "
                    "the trained values in place and every BatchNorm folded into a conv un-folded, for "
                    "module.load_state_dict (strict)")
+    s.add_argument("--plot", metavar="CURVE.png", default=None,
+                   help="also draw the mean loss of each epoch and the accuracy (or mse) before training and "
+                   "after each epoch as a PNG (needs matplotlib)")
     s.set_defaults(func=_simulate)
     e = sub.add_parser("export", help="write the ONNX model with trained parameters in place", formatter_class=fmt,
                        description="Write the ONNX model the plan came from with trained parameters in place.")

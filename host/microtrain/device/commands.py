@@ -39,6 +39,8 @@ def add_arguments(sub, formatter_class):
                    help="checkpoint on the board every N samples (default: 0, at the end only)")
     t.add_argument("--no-accuracy", action="store_true",
                    help="do not measure the running accuracy (saves a forward pass per sample)")
+    t.add_argument("--plot", metavar="CURVE.png", default=None,
+                   help="also draw the mean loss and running accuracy of each epoch as a PNG (needs matplotlib)")
     port_args(t)
     t.set_defaults(func=train)
 
@@ -91,12 +93,18 @@ def deploy(args):
 
 def train(args):
     from .training import Progress, train as run
+    from ..cli import _curve
+    curve = _curve(args, "train")
     x, y, _ = _data(args.data)
     with _board(args) as b:
         plan = b.plan()
         ce = plan.loss == "cross-entropy"
+        if curve:
+            curve.metric = "running accuracy"
 
         def on_epoch(epoch, loss, acc):
+            if curve:
+                curve.add(epoch, loss, acc)
             line = "epoch %d: mean loss %.4f" % (epoch, loss)
             if acc is not None:
                 line += ", running accuracy %.2f%% (each sample before training on it)" % (100 * acc)
@@ -116,6 +124,9 @@ def train(args):
               "checkpointed on the board; frames resent: %d"
               % (out["trained"], out["trained"], out["samples_per_s"], out["samples"], args.epochs * len(x),
                  out["stats"].resent))
+    if curve:
+        curve.save(args.plot)
+        print("loss and running accuracy curve written to %s" % args.plot)
 
 
 def evaluate(args):
