@@ -52,11 +52,11 @@ def trained_bn_net():
     return m.eval()
 
 
-def export(module, path, **kw):
+def export(module, path, shape=(1, 8, 8), **kw):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.zeros(1, 1, 8, 8),), path, input_names=["x"], **kw)
+        torch.onnx.export(module, (torch.zeros((1,) + shape),), path, input_names=["x"], **kw)
 
 
 def run(*args):
@@ -142,3 +142,41 @@ def test_state_dict_needs_save_params_and_a_state_dict(tmp_path):
         r = run("simulate", tmp_path / "p.mtp", "--data", tmp_path / "d.npz", *args)
         assert r.returncode == 2 and pattern in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "s.npz").exists()
+
+
+class LinearBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn, self.b = nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.bn(self.a(x))))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_linear_batchnorm1d_through_the_python_api(exporter, tmp_path):
+    """A Linear's BatchNorm1d (a Gemm fold), through microtrain.state_dict."""
+    torch.manual_seed(0)
+    module = LinearBN()
+    with torch.no_grad():
+        module.bn.weight.uniform_(0.5, 1.5)
+        module.bn.bias.normal_(0, 0.3)
+        module.bn.running_mean.normal_(0, 0.3)
+        module.bn.running_var.uniform_(0.5, 2.0)
+    module.eval()
+    path = str(tmp_path / "m.onnx")
+    export(module, path, (6,), **EXPORTS[exporter])
+    sim = microtrain.Simulator(microtrain.compile(path, update="full", lr=0.05))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 6)).astype(np.float32)
+    sim.fit(x, x[:, :3].argmax(1), epochs=3, progress=False)
+    state = microtrain.state_dict(sim.plan, sim.params(), module.state_dict())
+    fresh = LinearBN()
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    fresh.eval()
+    with torch.no_grad():
+        want = fresh(torch.from_numpy(x)).numpy()
+        before = module(torch.from_numpy(x)).numpy()
+    got = sim.predict(x)
+    assert np.abs(got - before).max() > 0.05
+    assert np.max(np.abs(got - want) / np.maximum(1.0, np.abs(want))) <= TOL
