@@ -180,3 +180,43 @@ def test_linear_batchnorm1d_through_the_python_api(exporter, tmp_path):
     got = sim.predict(x)
     assert np.abs(got - before).max() > 0.05
     assert np.max(np.abs(got - want) / np.maximum(1.0, np.abs(want))) <= TOL
+
+
+def test_pull_state_dict_from_a_board(tmp_path, monkeypatch):
+    """pull -o params.npz --state-dict: what a board trained, un-folded the same way (a stand-in board
+    holding a simulator's parameters: the serial link has tests of its own)."""
+    from microtrain import cli
+    from microtrain.device import commands
+    module = trained_bn_net()
+    path = str(tmp_path / "m.onnx")
+    export(module, path, dynamo=False)
+    torch.save(module.state_dict(), tmp_path / "model.pt")
+    sim = microtrain.Simulator(microtrain.compile(path, update="full", lr=0.01, momentum=0.9))
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(32, 1, 8, 8)).astype(np.float32)
+    sim.fit(x, (x.reshape(32, -1)[:, :3]).argmax(1), epochs=2, progress=False)
+
+    class Board:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def params(self):
+            return sim.params()
+
+        def plan(self):
+            return sim.plan
+
+    monkeypatch.setattr(commands, "_board", lambda args: Board())
+    out = tmp_path / "pulled.npz"
+    assert cli.main(["pull", "-o", str(out), "--state-dict", str(tmp_path / "model.pt")]) == 0
+    fresh = ConvBNNet()
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in np.load(out).items()})
+    fresh.eval()
+    with torch.no_grad():
+        want = fresh(torch.from_numpy(x)).numpy()
+    assert np.max(np.abs(sim.predict(x) - want) / np.maximum(1.0, np.abs(want))) <= TOL
+    assert cli.main(["pull", "-o", str(tmp_path / "t.onnx"), "--onnx", path, "--state-dict",
+                     str(tmp_path / "model.pt")]) == 2

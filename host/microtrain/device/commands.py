@@ -56,6 +56,10 @@ def add_arguments(sub, formatter_class):
                        "into the ONNX model the plan was compiled from.")
     p.add_argument("-o", "--output", required=True, help="TRAINED.onnx (with --onnx) or params.npz")
     p.add_argument("--onnx", metavar="MODEL.onnx", help="the model the plan was compiled from")
+    p.add_argument("--state-dict", metavar="MODEL.pt", default=None,
+                   help="with -o params.npz: the original state dict of the PyTorch module (as simulate "
+                   "--state-dict); writes it with the trained values in place, BatchNorms un-folded, for "
+                   "module.load_state_dict (strict)")
     port_args(p)
     p.set_defaults(func=pull)
 
@@ -144,9 +148,21 @@ def pull(args):
                         "(or write the parameters to a .npz)" % out)
     if not out.endswith((".onnx", ".npz")):
         raise DataError("-o must name a .onnx or a .npz file, not %s" % out)
+    reference = None
+    if args.state_dict:
+        if not out.endswith(".npz"):
+            raise DataError("--state-dict writes a PyTorch state dict: give it with -o params.npz, not %s" % out)
+        from ..unfold import load_reference
+        reference = load_reference(args.state_dict)
     with _board(args) as b:
         params = b.params()
         plan = b.plan()
+    if reference is not None:
+        from ..unfold import state_dict
+        np.savez(out, **state_dict(plan, params, reference))
+        print("wrote the state dict of %s with the %d trained parameters in place, BatchNorms un-folded, to %s"
+              % (args.state_dict, len(params), out))
+        return
     if out.endswith(".npz"):
         np.savez(out, **params)
     else:
