@@ -14,18 +14,7 @@ import sys
 
 import numpy as np
 
-from .datafiles import load_data, load_npz
-
-
-def _writable(path, option):
-    """Refuse an output path before any work is done for it."""
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        raise ValueError("cannot write %s %s: directory %s does not exist" % (option, path, d))
-    if os.path.isdir(path):
-        raise ValueError("cannot write %s %s: it is a directory" % (option, path))
-    if not os.access(d, os.W_OK):
-        raise ValueError("cannot write %s %s: directory %s is not writable" % (option, path, d))
+from .datafiles import load_data, load_npz, writable as _writable
 
 
 def _compile(args):
@@ -218,7 +207,8 @@ def _simulate(args):
     from .simulator import Simulator, TrainingDiverged
     if args.save_params:
         _writable(args.save_params, "--save-params")   # before training, which would otherwise be lost
-    curve = _curve(args, "simulate")
+    from .curve import for_plot
+    curve = for_plot(args.plot, "microtrain simulate %s" % os.path.basename(args.plan))
     reference = None
     if args.state_dict:
         if not args.save_params:
@@ -288,16 +278,6 @@ def _simulate(args):
         np.savez(args.save_params, **sim.params())
         print("trained parameters written to %s, by ONNX initializer name (for a model whose BatchNorm was folded "
               "into a conv, --state-dict writes PyTorch's state dict instead)" % args.save_params)
-
-
-def _curve(args, cmd):
-    """The Curve a --plot run fills in, or None; matplotlib and the path checked before any training."""
-    if not args.plot:
-        return None
-    from .curve import Curve, need_matplotlib
-    _writable(args.plot, "--plot")
-    need_matplotlib()
-    return Curve("microtrain %s %s" % (cmd, os.path.basename(getattr(args, "plan", "") or args.data)), "accuracy")
 
 
 def _export(args):

@@ -24,6 +24,17 @@ def need_matplotlib(option="--plot"):
     return plt
 
 
+def for_plot(path, title):
+    """The Curve a `--plot path` run fills in (None without --plot); the path and matplotlib are
+    checked here, before any training."""
+    if not path:
+        return None
+    from .datafiles import writable
+    writable(path, "--plot")
+    need_matplotlib()
+    return Curve(title, "accuracy")
+
+
 class Curve:
     """The points of a run: mean loss per epoch and, where measured, a metric per epoch
     (epoch 0: the metric before training)."""

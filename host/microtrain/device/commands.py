@@ -4,6 +4,7 @@ ValueError), which the CLI prints on one line with exit status 2."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -97,8 +98,8 @@ def deploy(args):
 
 def train(args):
     from .training import Progress, train as run
-    from ..cli import _curve
-    curve = _curve(args, "train")
+    from ..curve import for_plot
+    curve = for_plot(args.plot, "microtrain train %s" % os.path.basename(args.data))
     x, y, _ = _data(args.data)
     with _board(args) as b:
         plan = b.plan()
