@@ -9,3 +9,4 @@ from .options import CompileOptions  # noqa: F401
 from .plan import Plan, load_plan  # noqa: F401
 from .simulator import Simulator  # noqa: F401
 from .native import PlanError  # noqa: F401
+from .unfold import state_dict  # noqa: F401

@@ -14,18 +14,7 @@ import sys
 
 import numpy as np
 
-from .datafiles import load_data, load_npz
-
-
-def _writable(path, option):
-    """Refuse an output path before any work is done for it."""
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        raise ValueError("cannot write %s %s: directory %s does not exist" % (option, path, d))
-    if os.path.isdir(path):
-        raise ValueError("cannot write %s %s: it is a directory" % (option, path))
-    if not os.access(d, os.W_OK):
-        raise ValueError("cannot write %s %s: directory %s is not writable" % (option, path, d))
+from .datafiles import load_data, load_npz, writable as _writable
 
 
 def _compile(args):
@@ -220,8 +209,21 @@ def _simulate(args):
     from .simulator import Simulator, TrainingDiverged
     if args.save_params:
         _writable(args.save_params, "--save-params")   # before training, which would otherwise be lost
+    from .curve import for_plot
+    curve = for_plot(args.plot, "microtrain simulate %s" % os.path.basename(args.plan))
+    reference = None
+    if args.state_dict:
+        if not args.save_params:
+            raise ValueError("--state-dict %s is read only by --save-params (the state dict it writes starts from "
+                             "it): add --save-params FILE.npz, or leave --state-dict out" % args.state_dict)
+        from .unfold import load_reference
+        reference = load_reference(args.state_dict)
     plan = load_plan(args.plan)
     sim = Simulator(plan)
+    initial = sim.params()
+    if reference is not None:   # the state dict maps onto the plan: checked before training, not after
+        from .unfold import state_dict
+        state_dict(plan, initial, reference, initial)
     if args.lr is not None:
         sim.lr = args.lr
     d = load_data(args.data)
@@ -240,6 +242,9 @@ def _simulate(args):
     print()
     before = sim.evaluate(xt, yt)
     print("%s before training (%s, %d samples): %.4f" % (metric, held, len(xt), before))
+    if curve:
+        curve.metric = "%s (%s)" % (metric, held)
+        curve.add(0, value=before)
 
     if not plan.report()["trainable"]:   # --update none: nothing to train, the accuracy above is the answer
         print("nothing to train: the plan is inference-only (compiled with --update none); recompile with another "
@@ -248,8 +253,11 @@ def _simulate(args):
 
     def epoch_done(e, loss):
         line = "epoch %d/%d: mean loss %.4f" % (e, args.epochs, loss)
+        value = sim.evaluate(xt, yt) if test is not None else None
         if test is not None:
-            line += ", held-out %s %.4f" % (metric, sim.evaluate(xt, yt))
+            line += ", held-out %s %.4f" % (metric, value)
+        if curve:
+            curve.add(e, loss, value)
         print(line, flush=True)
 
     try:
@@ -258,9 +266,20 @@ def _simulate(args):
         raise TrainingDiverged(e.epoch, e.sample, e.k, e.lr, e.detail, "lower --lr (now %g)") from None
     after = sim.evaluate(xt, yt)
     print("%s after %d epochs (%d steps): %.4f" % (metric, args.epochs, sim.steps, after))
-    if args.save_params:
+    if curve:
+        if test is None:
+            curve.add(args.epochs, value=after)
+        curve.save(args.plot)
+        print("loss and %s curve written to %s" % (metric, args.plot))
+    if reference is not None:
+        state = state_dict(plan, sim.params(), reference, initial)
+        np.savez(args.save_params, **state)
+        print("PyTorch state dict written to %s: %s with the trained parameters in place, BatchNorms un-folded "
+              "(module.load_state_dict takes it)" % (args.save_params, args.state_dict))
+    elif args.save_params:
         np.savez(args.save_params, **sim.params())
-        print("trained parameters written to %s" % args.save_params)
+        print("trained parameters written to %s, by ONNX initializer name (for a model whose BatchNorm was folded "
+              "into a conv, --state-dict writes PyTorch's state dict instead)" % args.save_params)
 
 
 def _export(args):
@@ -431,7 +450,16 @@ def parser():
     s.add_argument("--lr", type=_number, default=None, help="learning rate for this run (default: the plan's)")
     s.add_argument("--seed", type=int, default=0, help="seed of the shuffle of each epoch")
     s.add_argument("--save-params", metavar="FILE.npz", default=None,
-                   help="write the trained parameters, by ONNX initializer name")
+                   help="write the trained parameters, by ONNX initializer name (what microtrain export reads); "
+                   "with --state-dict, the whole PyTorch state dict instead")
+    s.add_argument("--state-dict", metavar="MODEL.pt", default=None,
+                   help="with --save-params: the original state dict of the PyTorch module the ONNX came from "
+                   "(torch.save(module.state_dict(), ...), or an .npz of it); --save-params then writes it with "
+                   "the trained values in place and every BatchNorm folded into a conv un-folded, for "
+                   "module.load_state_dict (strict)")
+    s.add_argument("--plot", metavar="CURVE.png", default=None,
+                   help="also draw the mean loss of each epoch and the accuracy (or mse) before training and "
+                   "after each epoch as a PNG (needs matplotlib)")
     s.set_defaults(func=_simulate)
     e = sub.add_parser("export", help="write the ONNX model with trained parameters in place", formatter_class=fmt,
                        description="Write the ONNX model the plan came from with trained parameters in place.")

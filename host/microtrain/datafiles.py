@@ -1,6 +1,6 @@
 """The .npz files the CLI reads (data sets, calibration samples, parameters), with an error
-that names the option and what the file is instead. Below the CLI and its subcommand modules
-(device/commands.py, fleet/commands.py), which all read them."""
+that names the option and what the file is instead, and the check of a path it writes. Below the
+CLI and its subcommand modules (device/commands.py, fleet/commands.py), which all read them."""
 import os
 
 import numpy as np
@@ -30,3 +30,14 @@ def load_data(path, option="--data"):
         raise ValueError("%s %s holds %s without %s; give both or neither"
                          % ((option, path) + (("x_test", "y_test") if "x_test" in d.files else ("y_test", "x_test"))))
     return d
+
+
+def writable(path, option):
+    """Refuse an output path before any work is done for it."""
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise ValueError("cannot write %s %s: directory %s does not exist" % (option, path, d))
+    if os.path.isdir(path):
+        raise ValueError("cannot write %s %s: it is a directory" % (option, path))
+    if not os.access(d, os.W_OK):
+        raise ValueError("cannot write %s %s: directory %s is not writable" % (option, path, d))
