@@ -19,8 +19,8 @@
 # Samples travel in the plan's input type (float32, or int8/uint8 for a plan that takes
 # integer input), then their labels (int32) or targets (float32), the inputs' block padded
 # to 4 bytes. A sample too big for one frame with its command is staged first: STAGE frames
-# carry its input into one buffer on the board (allocated once, on the first STAGE), and
-# TRAIN, EVALUATE or PREDICT with the flag STAGED then name it by its tag.
+# carry it (input, padding, label or target) into one buffer on the board (allocated once,
+# with the plan), and TRAIN, EVALUATE or PREDICT with the flag STAGED then name it by its tag.
 import struct
 
 try:
@@ -67,7 +67,7 @@ FED_APPLY = 0x41        # 'A' -> JSON {run, samples}: the values set, the optimi
 LOCAL_TRAIN = 0x4A      # 'J' TRAIN_HEAD (no samples follow) -> TRAIN_REPLY: trains stored samples
 LOCAL_EVAL = 0x55       # 'U' LOCAL_EVAL_HEAD -> EVAL_REPLY over the stored samples start..start+count-1
 FED_PARAMS = 0x4E       # 'N' -> JSON [[name, bytes], ...]: the values in the round's encodings, for PARAM_READ
-STAGE = 0x59            # 'Y' STAGE_HEAD + bytes of one sample's input -> u32 bytes of that sample staged
+STAGE = 0x59            # 'Y' STAGE_HEAD + bytes of one sample (input, padding, label) -> u32 bytes of it staged
 
 # flags
 FLAG_ACK = 0x01         # the board sends ACK as soon as the frame checks out
@@ -77,8 +77,8 @@ LIMIT_SHIFT = 4         # in a command: flags >> 4 = k > 0 limits answers to 32 
 
 TRAIN_ACCURACY = 0x01   # TRAIN flag: predict each sample before training on it
 TRAIN_DRY = 0x02        # TRAIN flag: receive and check, but do not train (link benchmark)
-STAGED = 0x04           # TRAIN, EVALUATE, PREDICT flag: one sample, its input the staged one;
-                        # STAGED_HEAD (its tag) follows the command's head, then the label or target
+STAGED = 0x04           # TRAIN, EVALUATE, PREDICT flag: one sample, the staged one; STAGED_HEAD
+                        # (its tag) follows the command's head, and nothing else
 
 # binary payloads (the rest of the payload follows the head)
 TRAIN_HEAD = "<IHH"     # first sample's index in the run, count, TRAIN_* flags
