@@ -128,3 +128,46 @@ def test_a_sample_the_board_cannot_hold(tmp_path):
 # heap of the unix board above (64-bit): the image plan's Trainer and the server fit, a staging
 # buffer beside them does not
 HEAP_FOR_IMAGE = 100 * 1024
+
+
+@pytest.mark.device
+@pytest.mark.slow
+def test_staged_sample_lost_in_a_reset(tmp_path):
+    """The unix board killed and started again while a sample's first piece is on its way:
+    the host reconnects, the board restores its checkpoint (sample 4), stages again from
+    there with a new tag, and ends with the simulator's parameters, bit for bit."""
+    plan, x, y, _, _ = spectrogram(tmp_path)
+    sim = oracle(plan, x, y, 2)
+    board = make_board("unix")
+    try:
+        with Board(board.port) as b:
+            b.deploy(plan)
+        b = Board(board.port)
+        b.connect()
+        resets = []
+        real_stage = b.stage
+
+        def stage(*a):
+            if not resets and b.stage_tag == 6:     # sample 6 of 12, two past the checkpoint at 4
+                resets.append(b.stage_tag)
+                port = b.link.port
+                send = port.write
+
+                def write_then_reset(data):
+                    n = send(data)
+                    del port.write
+                    board.reset()
+                    return n
+                port.write = write_then_reset
+            return real_stage(*a)
+        b.stage = stage
+        notes = []
+        out = train(b, x, y, epochs=2, seed=SEED, checkpoint_every=4, log=notes.append)
+        got = b.params()
+        b.close()
+    finally:
+        board.close()
+    print("\nstaged sample lost in a reset: %s" % " / ".join(notes))
+    assert resets and out["recoveries"] >= 1 and "resuming at sample 4" in notes
+    for k, v in sim.params().items():
+        assert np.array_equal(got[k], v), k
