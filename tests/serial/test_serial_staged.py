@@ -12,7 +12,7 @@ import microtrain
 from microtrain.device.board import Board
 from microtrain.device.errors import BoardError, DataError
 from microtrain.device.training import train
-from serial_support import image, make_board, spectrogram
+from serial_support import image, make_board, reset_after_next_write, spectrogram
 
 SEED = 5
 MODELS = {"spectrogram": spectrogram, "image": image}   # serial_support.py
@@ -150,15 +150,7 @@ def test_staged_sample_lost_in_a_reset(tmp_path):
         def stage(*a):
             if not resets and b.stage_tag == 6:     # sample 6 of 12, two past the checkpoint at 4
                 resets.append(b.stage_tag)
-                port = b.link.port
-                send = port.write
-
-                def write_then_reset(data):
-                    n = send(data)
-                    del port.write
-                    board.reset()
-                    return n
-                port.write = write_then_reset
+                reset_after_next_write(b, board)
             return real_stage(*a)
         b.stage = stage
         notes = []

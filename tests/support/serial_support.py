@@ -118,6 +118,19 @@ def assert_params_equal(got, sim, what="board"):
         assert err <= TOL * max(1.0, np.abs(want[k]).max()), "%s: %s differs from the simulator by %g" % (what, k, err)
 
 
+def reset_after_next_write(b, board):
+    """The emulated board is reset as soon as the host's next write (a frame) is on its way."""
+    port = b.link.port
+    send = port.write
+
+    def write_then_reset(data):
+        n = send(data)
+        del port.write
+        board.reset()
+        return n
+    port.write = write_then_reset
+
+
 def run_until(cmd, marker, **kw):
     """Start cmd, read its output until a line starting with marker, then SIGKILL it.
     Returns the lines read (the marker's last)."""
