@@ -3,6 +3,7 @@ UART, the protocol alone, and training, for a model whose step takes about 1 ms 
 the board. Prints figures; decides nothing.
 
     .venv/bin/python benchmarks/serial_throughput.py [--samples 400] [--hidden 96]
+    .venv/bin/python benchmarks/serial_throughput.py --staged   # samples bigger than a frame
 
 raw UART      x and y bytes with no framing at all, read by a plain loop on the board
               (stop-and-wait chunks of the protocol's size, and one stream)
@@ -11,6 +12,10 @@ train         TRAIN frames trained on (with and without the running accuracy)
 on the board  t.step() in a loop over samples already in RAM
 
 protocol cost = 1 - (link alone) / (raw UART, stop-and-wait chunks of the same size).
+
+--staged: bytes/s and samples/s training samples too big for one frame (STAGE pieces, then
+TRAIN by tag): serial_support's 1x32x40 float32 spectrogram and 3x96x96 uint8 image plans,
+each beside the raw UART's stream of the same bytes measured right after it.
 """
 import argparse
 import os
@@ -81,6 +86,39 @@ def raw_rate(board, size, chunks, ack):
     return size * chunks / wall
 
 
+def staged_rates(firmware, repeat):
+    """(sample, bytes, samples/s, bytes/s, raw stream bytes/s) for the staged samples, best of repeat."""
+    import tempfile
+    from microtrain.device.training import train
+    from serial_support import image, spectrogram
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, make in (("1x32x40 float32", spectrogram), ("3x96x96 uint8", image)):
+            plan, x, y, _, _ = make(d)
+            # a board of its own: on one that ran the other plan, qemu's heap may have no block for this one
+            qemu = QemuBoard(firmware)
+            qemu.start()
+            try:
+                b = Board(qemu.port)
+                b.connect()
+                b.deploy(plan)
+                nbytes = b.check_data(x, y)[0][0].nbytes
+                b.close()
+                rate = raw = 0.0
+                for _ in range(repeat):
+                    with Board(qemu.port) as b:
+                        t0 = time.monotonic()
+                        train(b, x, y, epochs=1)
+                        rate = max(rate, len(x) / (time.monotonic() - t0))
+                    b = Board(qemu.port)
+                    raw = max(raw, raw_rate(b, P.MAX_PAYLOAD, len(x) * nbytes // P.MAX_PAYLOAD, ack=False))
+                    b.transport.close()
+            finally:
+                qemu.close()
+            rows.append((name, nbytes, rate, rate * nbytes, raw))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=400)
@@ -88,7 +126,14 @@ def main():
                     "depending on the core version and the host's load; the step time is printed)")
     ap.add_argument("--repeat", type=int, default=3, help="best of this many runs of each (the machine is shared)")
     ap.add_argument("--firmware", default=FIRMWARE)
+    ap.add_argument("--staged", action="store_true", help="samples bigger than a frame instead (see above)")
     args = ap.parse_args()
+    if args.staged:
+        print("%-16s %7s %10s %9s %17s  (best of %d)" % ("sample", "bytes", "samples/s", "bytes/s", "raw stream B/s",
+                                                     args.repeat))
+        for name, nbytes, rate, bps, raw in staged_rates(args.firmware, args.repeat):
+            print("%-16s %7d %10.2f %9.0f %17.0f" % (name, nbytes, rate, bps, raw))
+        return
 
     plan = microtrain.compile(models.mlp(n_in=64, hidden=args.hidden, n_out=10, seed=1), update="full",
                               loss="cross-entropy", lr=0.01)

@@ -22,7 +22,7 @@ from microtrain.device.emulated import Proxy
 from microtrain.device.errors import LinkError, NoDevice
 from microtrain.device.training import train
 from serial_support import (EPOCHS, ROOT, SEED, assert_params_equal, compile_mlp, export_mlp, iris, make_board,
-                            oracle, run_until)
+                            oracle, reset_after_next_write, run_until)
 
 # emulated boards, and slow: `make test-all` (CI), not `make test`
 pytestmark = [pytest.mark.device, pytest.mark.slow]
@@ -98,15 +98,7 @@ def test_reset_in_the_middle_of_training(setup, target):
                 # the reset comes as soon as this chunk's frame is on its way; the samples
                 # trained since the checkpoint at start - 30 are lost with it
                 resets.append(start)
-                port = b.link.port
-                send = port.write
-
-                def write_then_reset(data):
-                    n = send(data)
-                    del port.write
-                    board.reset()
-                    return n
-                port.write = write_then_reset
+                reset_after_next_write(b, board)
             return real_train_chunk(start, xs, ys, *a, **kw)
 
         b.train_chunk = train_chunk

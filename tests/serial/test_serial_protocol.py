@@ -158,3 +158,23 @@ def test_sizer_shrinks_on_resends_and_grows_back():
     for _ in range(200):
         s.update(False)
     assert s.size == 4096
+
+
+def test_a_board_of_another_protocol_version_is_refused():
+    """A board whose server speaks protocol 1 (samples as float32 only, no STAGE) and this host
+    (2): connect stops with the FirmwareError naming both, before any other command."""
+    from types import SimpleNamespace
+    from microtrain.device.errors import FirmwareError
+    seen = []
+
+    def respond(kind, seq, payload, n):
+        seen.append(kind)
+        return P.encode(P.HELLO | P.REPLY, seq, json.dumps({"protocol": 1}).encode())
+    b = Board.__new__(Board)
+    b.port = "/dev/fake"
+    b.link = Link(FakePort(respond))
+    b.transport = SimpleNamespace(serial=SimpleNamespace(reset_input_buffer=lambda: None))
+    assert P.VERSION == 2
+    with pytest.raises(FirmwareError, match="the board speaks microtrain protocol 1, this host 2: install the same"):
+        b.connect()
+    assert seen == [P.HELLO]

@@ -118,6 +118,19 @@ def assert_params_equal(got, sim, what="board"):
         assert err <= TOL * max(1.0, np.abs(want[k]).max()), "%s: %s differs from the simulator by %g" % (what, k, err)
 
 
+def reset_after_next_write(b, board):
+    """The emulated board is reset as soon as the host's next write (a frame) is on its way."""
+    port = b.link.port
+    send = port.write
+
+    def write_then_reset(data):
+        n = send(data)
+        del port.write
+        board.reset()
+        return n
+    port.write = write_then_reset
+
+
 def run_until(cmd, marker, **kw):
     """Start cmd, read its output until a line starting with marker, then SIGKILL it.
     Returns the lines read (the marker's last)."""
@@ -133,3 +146,36 @@ def run_until(cmd, marker, **kw):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "".join(lines)
     return lines
+
+
+def spectrogram(tmp_path):
+    """A small keyword-spotting CNN on 1x32x40 float32 spectrograms (5,120 bytes, staged over serial),
+    trained in full: (plan, x, y, x_test, y_test)."""
+    import torch
+    import torch.nn as nn
+    from oracle_models import export
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(1, 4, 3, stride=4, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 10, 3))
+    path = export(m.eval(), torch.zeros(1, 1, 32, 40), "dynamo", os.path.join(str(tmp_path), "kws.onnx"))
+    plan = microtrain.compile(path, update="full", loss="cross-entropy", lr=0.05, momentum=0.9)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(10, 1, 32, 40)).astype(np.float32)
+    return plan, x[:6], np.arange(6) % 3, x[6:], np.arange(4) % 3
+
+
+def image(tmp_path):
+    """A CNN on 3x96x96 uint8 images (27,648 bytes, staged over serial), int8 below its last layer
+    (which trains): (plan, x, y, x_test, y_test)."""
+    import torch
+    import torch.nn as nn
+    from oracle_models import export
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, stride=4, padding=1), nn.ReLU(), nn.Conv2d(4, 8, 3, stride=4, padding=1),
+                      nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 3))
+    path = export(m.eval(), torch.zeros(1, 3, 96, 96), "dynamo", os.path.join(str(tmp_path), "img.onnx"))
+    rng = np.random.default_rng(2)
+    plan = microtrain.compile(path, update="last-layer", loss="cross-entropy", lr=0.05, momentum=0.9,
+                              quantize="int8", calibration=rng.uniform(0, 1, (8, 3, 96, 96)).astype(np.float32),
+                              input_dtype="uint8", input_quant=(1 / 255, 0))
+    x = rng.integers(0, 256, (6, 3, 96, 96)).astype(np.uint8)
+    return plan, x[:4], np.arange(4) % 3, x[4:], np.arange(2) % 3

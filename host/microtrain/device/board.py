@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 
 from . import protocol as P
-from .errors import BoardReset, DataError, FirmwareError, LinkError, NoDevice, PlanTooBig
+from .errors import BoardError, BoardReset, DataError, FirmwareError, LinkError, NoDevice, PlanTooBig
 from .link import Link
 from .ports import describe_ports
 
@@ -51,6 +51,8 @@ REPL_CONTROL = frozenset(b"\x01\x02\x03\x04\x05\n\r\x1b")
 
 # The largest head of a command that carries samples (TRAIN_HEAD, PREDICT_HEAD; Board.rows)
 ROW_HEAD = 8
+# The plan's input types as they cross the line (protocol.py: samples in the plan's input type)
+INPUT_TYPES = {"float32": "<f4", "int8": "i1", "uint8": "u1"}
 
 # After a deploy to ROMFS: the file plan (which the server would take first) and the
 # checkpoints of whatever plan was there go
@@ -149,6 +151,7 @@ class Board:
         self._plan = None
         self.sizer = Sizer(P.MAX_PAYLOAD)
         self.sample_time = 0.05         # seconds per trained sample, learned from the answers
+        self.stage_tag = 0              # the tag of the last sample staged (STAGE)
 
     # ---- session ----
     def __enter__(self):
@@ -435,58 +438,103 @@ class Board:
         return parts
 
     # -- data --
-    def check_data(self, x, y=None):
-        """x (and y) as the board takes them: float32 rows of input_len, int32 labels or
-        float32 rows of target_len. DataError when they do not fit the plan."""
+    def check_data(self, x, y=None, over_link=True):
+        """x (and y) as the board takes them: rows of input_len values of the plan's input type
+        (float32, or int8/uint8 for a plan that takes integer input), int32 labels or float32 rows
+        of target_len. DataError when they do not fit the plan, or (over_link: they are to cross
+        the link) when they are not of its input type or a sample too big for one frame does not
+        fit the board's RAM. Not over_link (a fleet's sample store, which quantizes floats itself),
+        x keeps its type."""
         p = self.plan()
         shape = tuple(p.meta["input"]["shape"][1:])
         n_in = int(np.prod(shape))
+        dtype = p.meta["input"].get("dtype", "float32")
         x = np.asarray(x)
         if x.ndim == 0 or x.dtype.kind not in "fiu":
             raise DataError("x must be numeric samples, got %s of %s" % (x.dtype, x.shape))
         if x[0].size != n_in:
             raise DataError("each sample in x has shape %s (%d values); the plan's input is %s (%d values)"
                             % (x.shape[1:], x[0].size, shape, n_in))
-        x = np.ascontiguousarray(x, dtype="<f4").reshape(len(x), n_in)
+        if dtype != "float32" and over_link:
+            info = np.iinfo(dtype)
+            if x.dtype.kind not in "iu":
+                raise DataError("x holds %s values but the plan takes %s input: give %s values "
+                                "(Simulator.quantize_input converts float samples)" % (x.dtype, dtype, dtype))
+            if x.size and (x.min() < info.min or x.max() > info.max):
+                raise DataError("x holds values from %d to %d but the plan takes %s input (%d to %d)"
+                                % (x.min(), x.max(), dtype, info.min, info.max))
+        x = np.ascontiguousarray(x, dtype=INPUT_TYPES[dtype] if over_link or dtype == "float32" else None)
+        x = x.reshape(len(x), n_in)
         if y is None:
-            self._check_frame(n_in, 0)
-            return x, None
-        y = np.asarray(y)
-        if len(y) != len(x):
-            raise DataError("x has %d samples but y has %d" % (len(x), len(y)))
-        if p.loss == "cross-entropy":
-            n_cls = int(np.prod(p.meta["output"]["shape"][1:]))
-            if y.dtype.kind not in "iu" or y.size != len(y):
-                raise DataError("y must hold one integer class label per sample for a cross-entropy plan, "
-                                "got %s of shape %s" % (y.dtype, y.shape))
-            if len(y) and (y.min() < 0 or y.max() >= n_cls):
-                raise DataError("labels in y run from %d to %d; the plan has %d classes (0 to %d)"
-                                % (y.min(), y.max(), n_cls, n_cls - 1))
-            self._check_frame(n_in, 1)
-            return x, np.ascontiguousarray(y, dtype="<i4").reshape(len(y), 1)
-        n_t = self.facts["plan"]["target_len"]
-        if y[0].size != n_t:
-            raise DataError("each target in y has %d values; the plan's output has %d" % (y[0].size, n_t))
-        self._check_frame(n_in, n_t)
-        return x, np.ascontiguousarray(y, dtype="<f4").reshape(len(y), n_t)
+            y_out = None
+        else:
+            y = np.asarray(y)
+            if len(y) != len(x):
+                raise DataError("x has %d samples but y has %d" % (len(x), len(y)))
+            if p.loss == "cross-entropy":
+                n_cls = int(np.prod(p.meta["output"]["shape"][1:]))
+                if y.dtype.kind not in "iu" or y.size != len(y):
+                    raise DataError("y must hold one integer class label per sample for a cross-entropy plan, "
+                                    "got %s of shape %s" % (y.dtype, y.shape))
+                if len(y) and (y.min() < 0 or y.max() >= n_cls):
+                    raise DataError("labels in y run from %d to %d; the plan has %d classes (0 to %d)"
+                                    % (y.min(), y.max(), n_cls, n_cls - 1))
+                y_out = np.ascontiguousarray(y, dtype="<i4").reshape(len(y), 1)
+            else:
+                n_t = self.facts["plan"]["target_len"]
+                if y[0].size != n_t:
+                    raise DataError("each target in y has %d values; the plan's output has %d" % (y[0].size, n_t))
+                y_out = np.ascontiguousarray(y, dtype="<f4").reshape(len(y), n_t)
+        if over_link:
+            self._check_staging(x, y_out, shape, dtype)
+        return x, y_out
 
-    @staticmethod
-    def _check_frame(n_in, n_y):
-        """DataError when one sample (n_in float32 inputs and n_y label or target values) does not
-        fit in one frame: TRAIN, EVALUATE and PREDICT carry whole samples."""
-        need = 4 * (n_in + n_y) + ROW_HEAD
-        if need > P.MAX_PAYLOAD:
-            raise DataError("a sample takes %d bytes on the line (%d float32 input values%s) and one frame carries "
-                            "at most %d: training over serial takes samples of up to %d input values; train larger "
-                            "inputs on the board from its own files, as examples/gesture/personalise.py does"
-                            % (need, n_in, " and %d of the label or target" % n_y if n_y else "", P.MAX_PAYLOAD,
-                               (P.MAX_PAYLOAD - ROW_HEAD) // 4 - n_y))
+    def staged(self, x, y=None, head=ROW_HEAD):
+        """Whether a sample of x (and y) is too big for one frame with a command's head: it is
+        staged first (STAGE), then trained, evaluated or predicted by its tag."""
+        return head + P.x_bytes(1, x.shape[1] * x.itemsize) + (0 if y is None else y.shape[1] * 4) > P.MAX_PAYLOAD
+
+    def _check_staging(self, x, y, shape, dtype):
+        """DataError, before anything is sent, when samples that must be staged do not fit the
+        board's RAM: the board allocates its staging buffer with the plan, and says whether it
+        could (HELLO, at connect and after deploy)."""
+        if not self.staged(x, y, ROW_HEAD if y is not None else 4):
+            return
+        facts = self.facts
+        need, have = facts["plan"]["staging_needed"], facts["plan"]["staging"]
+        if have < need:
+            raise DataError("a sample takes %d bytes on the board (input %s %s and its label or target) and the "
+                            "board's heap, %d bytes free beside the plan, has no block that large: the sample does "
+                            "not fit the board's RAM; use smaller inputs or a board with more RAM"
+                            % (need, "x".join(map(str, shape)), dtype, facts["mem_free"]))
 
     @staticmethod
     def rows(size, x, y=None, head=ROW_HEAD):
         """How many samples fit in a frame of size bytes (at least one)."""
-        per = x.shape[1] * 4 + (0 if y is None else y.shape[1] * 4)
-        return max(1, min(0xFFFF, len(x), (size - head) // per))
+        per = x.shape[1] * x.itemsize + (0 if y is None else y.shape[1] * 4)
+        pad = 3 if x.itemsize % 4 else 0
+        return max(1, min(0xFFFF, len(x), (size - head - pad) // per))
+
+    @staticmethod
+    def _row_bytes(x, y, n):
+        """The first n samples as a command carries them: inputs padded to 4 bytes, then labels or targets."""
+        xb = x[:n].tobytes()
+        return xb + bytes(P.x_bytes(n, x.shape[1] * x.itemsize) - len(xb)) + (b"" if y is None else y[:n].tobytes())
+
+    def stage(self, x, y=None):
+        """Stage one sample (x a row, y its label or target row, or None) on the board in
+        pieces the size of the sizer's frames; returns its tag."""
+        self.stage_tag = (self.stage_tag + 1) & 0xFFFFFFFF
+        tag, data, off = self.stage_tag, self._row_bytes(x.reshape(1, -1), None if y is None else y.reshape(1, -1), 1), 0
+        head = struct.calcsize(P.STAGE_HEAD)
+        while off < len(data):
+            reply, _ = self._sized(P.STAGE, lambda size: (struct.pack(P.STAGE_HEAD, tag, off)
+                                                          + data[off:off + max(1, size - head)], 0))
+            got = struct.unpack("<I", reply)[0]
+            if got <= off:      # a board that takes nothing would be asked for ever
+                raise BoardError("STAGE", "the board staged %d bytes of a sample after a piece at byte %d" % (got, off))
+            off = got
+        return tag
 
     # -- training --
     def start_run(self, run, resume=False):
@@ -499,10 +547,15 @@ class Board:
         fit in a frame. Returns (samples the board has trained in the run, trained now,
         correct, loss sum, heap free); the board's count says where to go on from."""
         flags = (P.TRAIN_ACCURACY if accuracy else 0) | (P.TRAIN_DRY if dry else 0)
+        if self.staged(x, y):
+            tag = self.stage(x[0], y[0])
+            flags |= P.STAGED
 
         def build(size):
+            if flags & P.STAGED:
+                return struct.pack(P.TRAIN_HEAD, start, 1, flags) + struct.pack(P.STAGED_HEAD, tag), 1
             n = self.rows(size, x, y)
-            return struct.pack(P.TRAIN_HEAD, start, n, flags) + x[:n].tobytes() + y[:n].tobytes(), n
+            return struct.pack(P.TRAIN_HEAD, start, n, flags) + self._row_bytes(x, y, n), n
         before = self.link.stats.resent
         reply, n = self._sized(P.TRAIN, build, timeout=lambda n: 2.0 + 5 * self.sample_time * n, ack=True,
                                expect=lambda n: 1.5 * self.sample_time * n + 0.02)
@@ -525,11 +578,15 @@ class Board:
     def evaluate(self, x, y):
         """Accuracy (cross-entropy) or mean squared error (mse), as Simulator.evaluate."""
         x, y = self.check_data(x, y)
+        staged = self.staged(x, y, head=4)
         correct, sse, i = 0, 0.0, 0
         while i < len(x):
             def build(size):
+                if staged:
+                    return struct.pack(P.PREDICT_HEAD, 1, P.STAGED) + struct.pack(P.STAGED_HEAD, tag), 1
                 n = self.rows(size, x[i:], y[i:], head=4)
-                return struct.pack(P.PREDICT_HEAD, n, 0) + x[i:i + n].tobytes() + y[i:i + n].tobytes(), n
+                return struct.pack(P.PREDICT_HEAD, n, 0) + self._row_bytes(x[i:], y[i:], n), n
+            tag = self.stage(x[i], y[i]) if staged else None
             reply, _ = self._sized(P.EVALUATE, build, timeout=lambda n: 5 + n, ack=True)
             count, c, s = struct.unpack(P.EVAL_REPLY, reply)
             correct, sse, i = correct + c, sse + s, i + count
@@ -540,12 +597,16 @@ class Board:
     def predict(self, x):
         """Outputs for a batch x (N, ...) as float32 (N, output_len)."""
         x, _ = self.check_data(x)
+        staged = self.staged(x, head=4)
         no = self.facts["plan"]["output_len"]
         out, i = [], 0
         while i < len(x):
             def build(size):
+                if staged:
+                    return struct.pack(P.PREDICT_HEAD, 1, P.STAGED) + struct.pack(P.STAGED_HEAD, tag), 1
                 n = max(1, min(self.rows(size, x[i:], head=4), size // (4 * no)))
-                return struct.pack(P.PREDICT_HEAD, n, 0) + x[i:i + n].tobytes(), n
+                return struct.pack(P.PREDICT_HEAD, n, 0) + self._row_bytes(x[i:], None, n), n
+            tag = self.stage(x[i]) if staged else None
             reply, n = self._sized(P.PREDICT, build, timeout=lambda n: 5 + n, ack=True)
             out.append(np.frombuffer(reply, "<f4").reshape(-1, no))
             i += n

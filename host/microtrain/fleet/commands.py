@@ -100,7 +100,7 @@ def _provision(args):
     x, y = d["x"], d["y"]
     with Board(args.port or find_board(), baud=args.baud) as b:
         plan = b.plan()
-        b.check_data(x, y)
+        b.check_data(x, y, over_link=False)
         n, _ = provision(b, plan, x, y)
     print("wrote %d samples (%d bytes) to the board on %s as its sample store (mt/samples.bin)" % (len(x), n, b.port))
 

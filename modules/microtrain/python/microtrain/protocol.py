@@ -15,6 +15,12 @@
 # measures (docs/serial.md). Commands that take longer than a round trip (training,
 # saving) ask for an ACK first (flag ACK), so a lost command is resent after a round
 # trip, not after the command's full time.
+#
+# Samples travel in the plan's input type (float32, or int8/uint8 for a plan that takes
+# integer input), then their labels (int32) or targets (float32), the inputs' block padded
+# to 4 bytes. A sample too big for one frame with its command is staged first: STAGE frames
+# carry it (input, padding, label or target) into one buffer on the board (allocated once,
+# with the plan), and TRAIN, EVALUATE or PREDICT with the flag STAGED then name it by its tag.
 import struct
 
 try:
@@ -22,7 +28,7 @@ try:
 except ImportError:  # a MicroPython build without binascii.crc32
     from zlib import crc32
 
-VERSION = 1
+VERSION = 2             # 2: samples in the plan's input type; STAGE
 
 SYNC = b"\xa5\x5a"
 HEADER = "<2sBBHHI"     # sync, kind, flags, seq, length, header CRC
@@ -61,6 +67,7 @@ FED_APPLY = 0x41        # 'A' -> JSON {run, samples}: the values set, the optimi
 LOCAL_TRAIN = 0x4A      # 'J' TRAIN_HEAD (no samples follow) -> TRAIN_REPLY: trains stored samples
 LOCAL_EVAL = 0x55       # 'U' LOCAL_EVAL_HEAD -> EVAL_REPLY over the stored samples start..start+count-1
 FED_PARAMS = 0x4E       # 'N' -> JSON [[name, bytes], ...]: the values in the round's encodings, for PARAM_READ
+STAGE = 0x59            # 'Y' STAGE_HEAD + bytes of one sample (input, padding, label) -> u32 bytes of it staged
 
 # flags
 FLAG_ACK = 0x01         # the board sends ACK as soon as the frame checks out
@@ -70,11 +77,13 @@ LIMIT_SHIFT = 4         # in a command: flags >> 4 = k > 0 limits answers to 32 
 
 TRAIN_ACCURACY = 0x01   # TRAIN flag: predict each sample before training on it
 TRAIN_DRY = 0x02        # TRAIN flag: receive and check, but do not train (link benchmark)
+STAGED = 0x04           # TRAIN, EVALUATE, PREDICT flag: one sample, the staged one; STAGED_HEAD
+                        # (its tag) follows the command's head, and nothing else
 
 # binary payloads (the rest of the payload follows the head)
 TRAIN_HEAD = "<IHH"     # first sample's index in the run, count, TRAIN_* flags
 TRAIN_REPLY = "<IHHfI"  # samples trained in the run so far, trained now, correct, loss sum, heap free
-PREDICT_HEAD = "<HH"    # count, reserved
+PREDICT_HEAD = "<HH"    # count, flags (STAGED)
 EVAL_REPLY = "<HHf"     # count, correct (cross-entropy), sum of squared errors (mse)
 PLAN_DATA_HEAD = "<I"   # offset
 PARAM_READ_HEAD = "<HIH"  # parameter index, byte offset, byte count
@@ -82,6 +91,8 @@ PLAN_READ_HEAD = "<IH"  # byte offset, byte count
 FETCH_HEAD = "<IH"      # byte offset, byte count
 FED_WRITE_HEAD = "<I"   # byte offset into the round's values (all parameters, in FED_BEGIN's order)
 LOCAL_EVAL_HEAD = "<IH"  # first stored sample, count
+STAGE_HEAD = "<II"      # the sample's tag (new tag: a new sample, from offset 0), byte offset
+STAGED_HEAD = "<I"      # the staged sample's tag
 
 
 def reply_limit(flags):
@@ -94,7 +105,13 @@ NAMES = {ACK: "ACK", NAK: "NAK", ERROR: "ERROR", HELLO: "HELLO", INFO: "INFO",
          TRAIN: "TRAIN", PREDICT: "PREDICT", EVALUATE: "EVALUATE", SAVE: "SAVE",
          RESTORE: "RESTORE", PARAMS: "PARAMS", PARAM_READ: "PARAM_READ", QUIT: "QUIT", FETCH: "FETCH",
          FED_BEGIN: "FED_BEGIN", FED_WRITE: "FED_WRITE", FED_APPLY: "FED_APPLY", LOCAL_TRAIN: "LOCAL_TRAIN",
-         LOCAL_EVAL: "LOCAL_EVAL", FED_PARAMS: "FED_PARAMS"}
+         LOCAL_EVAL: "LOCAL_EVAL", FED_PARAMS: "FED_PARAMS", STAGE: "STAGE"}
+
+
+def x_bytes(count, nx):
+    """Bytes of count inputs of nx bytes each on the line: padded to 4, so labels and
+    targets after them stay aligned."""
+    return (count * nx + 3) & ~3
 
 
 def frame_crc(head, payload):

@@ -15,6 +15,10 @@
 # host and the board, every TRAIN names the index of its first sample, and the
 # board trains only the ones it has not trained yet. A chunk that arrives twice, or
 # overlaps what the board already has, trains nothing twice.
+#
+# A sample too big for one frame is staged first (STAGE, protocol.py) into one buffer,
+# allocated with the plan (given up for the checkpoint's buffers if both do not fit) and
+# kept: a step allocates nothing the size of a sample.
 import gc
 import json
 import os
@@ -106,13 +110,15 @@ class Server:
         self.params = None              # parameter copies for PARAM_READ, until the next step
         self.upload = None              # plan upload in progress: [file, bytes written, size, crc]
         self.stage = None               # a federated round's values on their way (fedround.py)
+        self.staged = None              # the staging buffer: one sample's input, padded, then its label or target
         self.load_plan()
 
     # ---- plan and state ----
     def load_plan(self):
         # the Trainer, the plan and the checkpoint's state copy each want one block:
         # free what is not needed before they are allocated
-        self.t = self.ck = self.params = self.last = None
+        self.t = self.ck = self.params = self.last = self.staged = self.staged_x = self.staged_mv = None
+        self.staged_tag, self.staged_len = None, 0
         self.long = b""
         self.run, self.samples = None, 0
         self.plan_error = self.ck_error = None
@@ -131,11 +137,28 @@ class Server:
         except Exception as e:  # reported to the host by HELLO
             self.plan_error = "%s: %s" % (type(e).__name__, e)
             return
-        self.ce = self.t.info()["loss"] == "cross-entropy"
+        info = self.t.info()
+        self.ce = info["loss"] == "cross-entropy"
+        self.input_dtype = info["input_dtype"]
+        self.nx = self.t.input_len * (4 if self.input_dtype == "float32" else 1)   # bytes of one input
+        self.ny = 4 if self.ce else 4 * self.t.target_len                          # of its label or target
+        info = None
+        if self.staging_bytes():    # beside the Trainer's block while the heap is in one piece
+            try:
+                self.staging()
+            except MemoryError:     # HELLO tells the host; STAGE tries again
+                pass
         self.out = array("f", bytes(4 * self.t.output_len))
         self.loss_out = array("f", [0])
         gc.collect()
-        self.ck = checkpoint.Checkpoint(self.t, CKPT_PATH)
+        try:
+            self.ck = checkpoint.Checkpoint(self.t, CKPT_PATH)
+        except MemoryError:
+            if self.staged is None:
+                raise
+            self.staged = self.staged_mv = self.staged_x = None     # the plan before its samples' buffer
+            gc.collect()
+            self.ck = checkpoint.Checkpoint(self.t, CKPT_PATH)
         try:
             meta = self.ck.restore()
         except Exception as e:  # a checkpoint the trainer refuses: start from the plan
@@ -148,6 +171,26 @@ class Server:
         if _exists(FED_ROUND_PATH):              # a federated round (fedround.py) to carry on
             from . import fedround
             fedround.restore(self)
+
+    def staging_bytes(self):
+        """Bytes of the staging buffer this plan's samples need; 0 when a TRAIN frame carries one."""
+        n = P.x_bytes(1, self.nx) + self.ny
+        return n if struct.calcsize(P.TRAIN_HEAD) + n > P.MAX_PAYLOAD else 0
+
+    def staging(self):
+        """The staging buffer, allocated on first need; a MemoryError that says what did not fit."""
+        if self.staged is None:
+            n = P.x_bytes(1, self.nx) + self.ny
+            gc.collect()
+            try:
+                self.staged = bytearray(n)
+            except MemoryError:
+                raise MemoryError("a sample takes %d bytes on the board (its input and label or target) and the "
+                                  "board's heap, %d bytes free beside the plan, has no block that large: the "
+                                  "sample does not fit the board's RAM" % (n, gc.mem_free()))
+            self.staged_mv = memoryview(self.staged)
+            self.staged_x = self.staged_mv[:self.nx]
+        return self.staged
 
     def trainer(self):
         if self.t is None:
@@ -172,7 +215,9 @@ class Server:
         if t is not None:
             d["plan"] = {"bytes": self.plan_len, "crc": self.plan_crc, "rom": self.plan_path == ROM_PLAN_PATH,
                          "input_len": t.input_len, "output_len": t.output_len,
-                         "target_len": t.target_len, "ce": self.ce}
+                         "target_len": t.target_len, "ce": self.ce, "input_dtype": self.input_dtype,
+                         "staging": len(self.staged) if self.staged is not None else 0,
+                         "staging_needed": self.staging_bytes()}
         return d
 
     # ---- frames ----
@@ -259,6 +304,7 @@ class Server:
 
     # ---- commands: each takes the payload and returns the reply's payload ----
     def hello(self, p):
+        self.staged_tag, self.staged_len = None, 0      # a new session: its tags start afresh
         return json.dumps(self.facts()).encode()
 
     def info(self, p):
@@ -344,14 +390,57 @@ class Server:
             self.ck.save(self.checkpoint_meta())    # a reset from now on comes back to here
         return json.dumps({"run": self.run, "samples": self.samples}).encode()
 
+    def rows(self, p, head, what, ny):
+        """The samples of a TRAIN, EVALUATE or PREDICT payload whose head is `head` bytes
+        (count and flags at head - 4): (count, flags, inputs, offset of the labels or
+        targets in the payload or the staging buffer, that payload or buffer). inputs is
+        the staged input itself or the frame's inputs, sample i at i * nx."""
+        count, flags = struct.unpack_from("<HH", p, head - 4)
+        if flags & P.STAGED:
+            if len(p) != head + 4 or count != 1:
+                raise ValueError("%s of a staged sample with %d bytes for %d samples, expected %d for 1"
+                                 % (what, len(p), count, head + 4))
+            tag = struct.unpack_from(P.STAGED_HEAD, p, head)[0]
+            whole = P.x_bytes(1, self.nx) + ny
+            if self.staged is None or tag != self.staged_tag or self.staged_len < whole:
+                raise ValueError("%s of staged sample %d, but the board has %d of its %d bytes"
+                                 % (what, tag, self.staged_len if tag == self.staged_tag else 0, whole))
+            return count, flags, self.staged_x, P.x_bytes(1, self.nx), self.staged_mv
+        ys = head + P.x_bytes(count, self.nx)
+        if len(p) != ys + count * ny:
+            raise ValueError("%s with %d bytes for %d samples, expected %d" % (what, len(p), count, ys + count * ny))
+        return count, flags, p[head:head + count * self.nx], ys, p
+
+    @staticmethod
+    def x_at(xs, i, nx, flags):
+        return xs if flags & P.STAGED else xs[i * nx:(i + 1) * nx]
+
+    def stage(self, p):
+        """STAGE: a piece of one sample's input (and its label or target) into the staging
+        buffer. A new tag starts a new sample at offset 0; a piece the board already has
+        (a resend) is skipped. Answers the bytes of the sample staged."""
+        self.trainer()
+        tag, off = struct.unpack_from(P.STAGE_HEAD, p, 0)
+        data = p[8:]
+        staged = self.staging()
+        if tag != self.staged_tag:
+            if off:
+                raise ValueError("STAGE of a new sample at byte %d, expected 0" % off)
+            self.staged_tag, self.staged_len = tag, 0
+        n = self.staged_len
+        if off == n:
+            if n + len(data) > len(staged):
+                raise ValueError("STAGE past the sample's %d bytes" % len(staged))
+            staged[n:n + len(data)] = data
+            self.staged_len = n + len(data)
+        elif off > n:
+            raise ValueError("STAGE at byte %d, expected %d" % (off, n))
+        return struct.pack("<I", self.staged_len)
+
     def train(self, p):
         t = self.trainer()
-        start, count, flags = struct.unpack_from(P.TRAIN_HEAD, p, 0)
-        nx = 4 * t.input_len
-        ny = 4 if self.ce else 4 * t.target_len
-        if len(p) != 8 + count * (nx + ny):
-            raise ValueError("TRAIN with %d bytes for %d samples, expected %d"
-                             % (len(p), count, 8 + count * (nx + ny)))
+        start = struct.unpack_from(P.TRAIN_HEAD, p, 0)[0]
+        count, flags, xs, ys, yb = self.rows(p, 8, "TRAIN", self.ny)
         skip = self.samples - start
         if flags & P.TRAIN_DRY or skip < 0 or skip >= count:
             # link benchmark; or samples the board has already trained (a resend), or
@@ -359,10 +448,9 @@ class Server:
             return struct.pack(P.TRAIN_REPLY, self.samples, 0, 0, 0.0, gc.mem_free())
         if self.run is None:
             raise ValueError("no training run: send RUN first")
-        xs = p[8:8 + count * nx]
-        ys = p[8 + count * nx:]
-        labels = struct.unpack_from("<%di" % count, ys, 0) if self.ce else None
-        return self.train_samples(t, ((xs[i * nx:(i + 1) * nx], labels[i] if self.ce else ys[i * ny:(i + 1) * ny])
+        nx, ny, ce = self.nx, self.ny, self.ce
+        labels = struct.unpack_from("<%di" % count, yb, ys) if ce else None
+        return self.train_samples(t, ((self.x_at(xs, i, nx, flags), labels[i] if ce else yb[ys + i * ny:ys + (i + 1) * ny])
                                       for i in range(skip, count)), count - skip, flags & P.TRAIN_ACCURACY)
 
     def train_samples(self, t, samples, count, accuracy):
@@ -385,34 +473,27 @@ class Server:
 
     def predict(self, p):
         t = self.trainer()
-        count = struct.unpack_from(P.PREDICT_HEAD, p, 0)[0]
-        nx, no = 4 * t.input_len, 4 * t.output_len
-        if len(p) != 4 + count * nx:
-            raise ValueError("PREDICT with %d bytes for %d samples, expected %d" % (len(p), count, 4 + count * nx))
+        count, flags, xs, _, _ = self.rows(p, 4, "PREDICT", 0)
+        nx, no = self.nx, 4 * t.output_len
         res = bytearray(count * no)
         mv = memoryview(res)
         for i in range(count):
-            t.predict(p[4 + i * nx:4 + (i + 1) * nx], mv[i * no:(i + 1) * no])
+            t.predict(self.x_at(xs, i, nx, flags), mv[i * no:(i + 1) * no])
         return res
 
     def evaluate(self, p):
         t = self.trainer()
-        count = struct.unpack_from(P.PREDICT_HEAD, p, 0)[0]
-        nx, n_out = 4 * t.input_len, t.output_len
-        ny = 4 if self.ce else 4 * t.target_len
-        if len(p) != 4 + count * (nx + ny):
-            raise ValueError("EVALUATE with %d bytes for %d samples, expected %d"
-                             % (len(p), count, 4 + count * (nx + ny)))
-        ys = 4 + count * nx
+        count, flags, xs, ys, yb = self.rows(p, 4, "EVALUATE", self.ny)
+        nx, ny, n_out = self.nx, self.ny, t.output_len
         out = self.out
         correct, sse = 0, 0.0
         for i in range(count):
-            t.predict(p[4 + i * nx:4 + (i + 1) * nx], out)
+            t.predict(self.x_at(xs, i, nx, flags), out)
             if self.ce:
-                if _argmax(out) == struct.unpack_from("<i", p, ys + 4 * i)[0]:
+                if _argmax(out) == struct.unpack_from("<i", yb, ys + 4 * i)[0]:
                     correct += 1
             else:
-                y = struct.unpack_from("<%df" % n_out, p, ys + i * ny)
+                y = struct.unpack_from("<%df" % n_out, yb, ys + i * ny)
                 for k in range(n_out):
                     sse += (out[k] - y[k]) ** 2
         return struct.pack(P.EVAL_REPLY, count, correct, sse)
@@ -463,7 +544,7 @@ HANDLERS = {
     P.RUN: Server.start_run,
     P.TRAIN: Server.train, P.PREDICT: Server.predict, P.EVALUATE: Server.evaluate,
     P.SAVE: Server.save, P.RESTORE: Server.restore, P.PARAMS: Server.list_params,
-    P.PARAM_READ: Server.param_read, P.QUIT: Server.quit, P.FETCH: Server.fetch,
+    P.PARAM_READ: Server.param_read, P.QUIT: Server.quit, P.FETCH: Server.fetch, P.STAGE: Server.stage,
 }
 
 
