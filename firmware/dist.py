@@ -47,11 +47,11 @@ def fail(msg):
 
 
 def version():
-    with open(os.path.join(ROOT, "host", "microtrain", "__init__.py")) as f:
+    with open(os.path.join(ROOT, "host", "microtrain", "version.py")) as f:
         for line in f:
             if line.startswith("__version__"):
                 return line.split("=")[1].strip().strip("\"'")
-    fail("no __version__ in host/microtrain/__init__.py")
+    fail("no __version__ in host/microtrain/version.py")
 
 
 def boards_by_arch():
