@@ -23,6 +23,12 @@ file it lists under "hashes" from file/. A package file names no machine's path.
 
     python firmware/dist.py --natmod build/natmod --archs x64 rv32imc ... --mpy-cross PATH --out build/dist/mip
 
+With --firmware BUILD (build/firmware) it also copies each real board's firmware image that was
+built there (a board profile with a flash_tool: RPI_PICO's .uf2, PYBV11's .dfu, ...; --image
+NAME=PATH adds a variant such as the Pico's with a ROMFS partition) into --firmware-out, and
+writes --manifest: one entry per file (firmware image or .mpy) with its board(s), MicroPython
+version, microtrain version, size, sha256 and how it goes on the board.
+
 Standard library only.
 """
 import argparse
@@ -122,13 +128,80 @@ def arch_index(out, arch, mpy, helper_files, ver):
     return dict(mpy_files)
 
 
+# how a firmware image goes on a board, by its profile's flash_tool
+INSTALL = {
+    "uf2": "hold BOOTSEL while plugging the board in, then copy the .uf2 to the drive that appears "
+           "(or: microtrain flash --board {board} --image {file})",
+    "dfu-util": "DFU mode (BOOT0 to 3V3, reset), then: microtrain flash --board {board} --image {file} (dfu-util)",
+    "st-flash": "microtrain flash --board {board} --image {file} (st-flash, over the ST-LINK)",
+    "esptool": "microtrain flash --board {board} --port PORT --image {file} (esptool)",
+}
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def firmware_images(build, extra):
+    """[(name, board profile, image path)]: the real boards' images built under build/NAME/, and
+    the extra NAME=PATH variants (NAME: a profile's name, or profile-variant)."""
+    out = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "boards"))):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(ROOT, "boards", name)) as f:
+            p = json.load(f)
+        path = os.path.join(build, p["name"], p.get("image") or "")
+        if p.get("flash_tool") and p.get("image") and os.path.isfile(path):
+            out.append((p["name"], p, path))
+    for spec in extra:
+        name, _, path = spec.partition("=")
+        base = name.split("-")[0]
+        try:
+            with open(os.path.join(ROOT, "boards", base + ".json")) as f:
+                p = json.load(f)
+        except OSError:
+            fail("--image %s: no board profile boards/%s.json" % (spec, base))
+        if not os.path.isfile(path):
+            fail("--image %s: no such file" % spec)
+        out.append((name, p, path))
+    return out
+
+
+def write_firmware(images, out, ver, micropython):
+    """Copy the images to out/NAME/ and return their manifest entries."""
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    entries = []
+    for name, p, path in images:
+        with open(path, "rb") as f:
+            data = f.read()
+        rel = "%s/%s" % (name, os.path.basename(path))
+        write(os.path.join(out, rel), data)
+        entries.append({"kind": "firmware", "file": os.path.basename(out) + "/" + rel, "board": p["name"],
+                        "variant": name, "title": p.get("title", p["name"]), "micropython": micropython,
+                        "microtrain": ver, "bytes": len(data), "sha256": sha256(data),
+                        "install": INSTALL.get(p["flash_tool"], "microtrain flash --board {board} --image {file}")
+                        .format(board=p["name"], file=os.path.basename(path))})
+        print("%-22s %-14s %8d B  sha256 %s" % (name, os.path.basename(path), len(data), sha256(data)[:16]))
+    return entries
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--natmod", required=True, help="the native modules' build folder (NATMOD/<arch>/_microtrain.mpy)")
     ap.add_argument("--archs", nargs="+", required=True)
     ap.add_argument("--mpy-cross", required=True, help="MicroPython v1.28.0's mpy-cross (compiles the helpers)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--firmware", help="the firmware build folder (BUILD/NAME/<image> per board profile)")
+    ap.add_argument("--image", action="append", default=[], metavar="NAME=PATH",
+                    help="a further firmware image, e.g. rpi_pico-romfs=PATH (with --firmware)")
+    ap.add_argument("--firmware-out", help="where the firmware images go (with --firmware)")
+    ap.add_argument("--manifest", help="the manifest to write: every file, its board, versions and sha256")
+    ap.add_argument("--micropython", default="v1.28.0", help="the MicroPython version the images and .mpy are for")
     args = ap.parse_args()
+    if (args.firmware is None) != (args.firmware_out is None):
+        fail("--firmware and --firmware-out go together")
     if not os.path.isfile(args.mpy_cross):
         fail("no mpy-cross at %s: `make firmware-test` (or any firmware target) builds it" % args.mpy_cross)
     mpys = {}
@@ -155,6 +228,19 @@ def main():
             arch, len(mpys[arch]), listing[arch]["package_bytes"], ", ".join(by_arch.get(arch, [])) or "-"))
     write_json(os.path.join(args.out, "index.json"), {"package": NAME, "mpy_version": MPY_VERSION,
                                                       "architectures": listing})
+    entries = []
+    if args.firmware is not None:
+        entries = write_firmware(firmware_images(args.firmware, args.image), args.firmware_out, ver, args.micropython)
+    if args.manifest:
+        base = os.path.dirname(os.path.abspath(args.manifest))
+        for arch, info in listing.items():
+            entries.append({"kind": "mpy", "file": os.path.relpath(os.path.join(args.out, arch, "package.json"), base),
+                            "arch": arch, "boards": info["boards"], "micropython": args.micropython,
+                            "microtrain": ver, "bytes": info["mpy_bytes"], "sha256": info["mpy_sha256"],
+                            "install": "mpremote mip install --index <URL of %s>/%s microtrain"
+                                       % (os.path.relpath(args.out, base), arch)})
+        write_json(args.manifest, {"microtrain": ver, "micropython": args.micropython, "files": entries})
+        print("microtrain dist: manifest of %d files in %s" % (len(entries), os.path.relpath(args.manifest, os.getcwd())))
     print("microtrain dist: %d architectures in %s; install with\n"
           "    mpremote mip install --index <URL of %s>/<arch> microtrain"
           % (len(args.archs), os.path.relpath(args.out, os.getcwd()), os.path.relpath(args.out, os.getcwd())))

@@ -347,10 +347,18 @@ natmod-xtensawin-missing:
 # with the device package, as mip package indexes in DIST_DIR (firmware/dist.py; docs/boards.md,
 # "Install on a stock board"); tests/device/test_mip.py serves it over http to mpremote.
 DIST_DIR ?= $(MICROTRAIN_BUILD)/dist/mip
+# The real boards' firmware images go in too (build/dist/firmware/, with build/dist/manifest.json
+# listing every file's board, versions and sha256): those whose toolchain is here are built first.
+DIST_PICO_ROMFS = $(MICROTRAIN_BUILD)/firmware-pico-romfs/RPI_PICO_ROMFS/rpi_pico/firmware.uf2
+DIST_FIRMWARE = $(foreach b,rpi_pico pybv11,$(if $(call mt_toolchain_missing,$(b)),,firmware-$(b))) \
+	$(if $(MT_HAVE_ARM),$(if $(MT_HAVE_CMAKE),firmware-pico-romfs))
 DIST_ARCHS = $(NATMOD_TEST_HERE) $(if $(call mt_natmod_have,xtensawin),xtensawin)
-dist: $(foreach a,$(DIST_ARCHS),$(NATMOD_BUILD)/$(a)/_microtrain.mpy) $(MICROTRAIN_ROOT)/firmware/dist.py | $(MICROTRAIN_MPY_CROSS)
+dist: $(foreach a,$(DIST_ARCHS),$(NATMOD_BUILD)/$(a)/_microtrain.mpy) $(MICROTRAIN_ROOT)/firmware/dist.py \
+		$(DIST_FIRMWARE) | $(MICROTRAIN_MPY_CROSS)
 	python3 $(MICROTRAIN_ROOT)/firmware/dist.py --natmod "$(NATMOD_BUILD)" --archs $(DIST_ARCHS) \
-	    --mpy-cross "$(MICROTRAIN_MPY_CROSS)" --out "$(DIST_DIR)"
+	    --mpy-cross "$(MICROTRAIN_MPY_CROSS)" --out "$(DIST_DIR)" --micropython $(MICROPY_TAG) \
+	    --firmware "$(FIRMWARE_BUILD)" --firmware-out "$(dir $(DIST_DIR))firmware" --manifest "$(dir $(DIST_DIR))manifest.json" \
+	    $$(test -f "$(DIST_PICO_ROMFS)" && echo --image "rpi_pico-romfs=$(DIST_PICO_ROMFS)")
 
 $(NATMOD_BUILD)/%/_microtrain.mpy: $(MICROTRAIN_MODULE_FILES) $(MICROTRAIN_ROOT)/firmware/natmod.mk $(wildcard $(MICROTRAIN_ROOT)/firmware/natmod/*) \
 		$(MICROTRAIN_FIRMWARE_PY_DEPS)
