@@ -16,7 +16,7 @@ SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name
 DEMO_PLAN := build/digits.mtp
 
 .PHONY: all demo test test-slow test-all test-host venv venv-firmware native header clean distclean bench rp2040js \
-	boards-table serial-demo fuzz fleet-demo
+	boards-table serial-demo fuzz fleet-demo docs
 
 all: native
 
@@ -24,7 +24,7 @@ all: native
 MICROTRAIN_FIRMWARE_PY_DEPS := $(VENV)/.installed-firmware
 include firmware/micropython.mk
 
-$(STAMP): requirements.txt requirements-test.txt requirements-fleet.txt host/pyproject.toml host/setup.py
+$(STAMP): requirements.txt requirements-test.txt requirements-fleet.txt requirements-docs.txt host/pyproject.toml host/setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-test.txt
@@ -61,7 +61,15 @@ demo: native
 	$(PY) -m microtrain report $(DEMO_PLAN) --svg build/digits-arena.svg
 	$(PY) -m microtrain simulate $(DEMO_PLAN) --data examples/digits_user.npz --epochs 5
 
-# The on-board workflow of README.md ("On a board, over serial") against the emulated
+# The docs site (mkdocs.yml; docs/development/docs.md) into build/site, with mkdocs-material and
+# mkdocstrings from requirements-docs.txt (in the venv through requirements-test.txt). strict: a
+# warning, a broken link or anchor fails it. tools/docs_hooks.py generates the CLI reference from
+# the parser; the API pages come from the docstrings.
+DOCS_SITE := build/site
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir $(DOCS_SITE)
+
+# The on-board workflow of docs/guide/boards.md ("On a board, over serial") against the emulated
 # board: the qemu MPS2_AN500 firmware on a pseudo-terminal, as a USB serial port would be.
 SERIAL_DEMO := build/serial-demo
 # SERIAL_DEMO_BOARD=pico: the RPI_PICO firmware in rp2040js over its USB CDC instead of qemu's UART;
@@ -91,7 +99,7 @@ fleet-demo: native firmware-test
 	$(PY) -m microtrain fleet simulate $(FLEET_DEMO)/digits.mtp --data examples/digits_user.npz --boards unix,unix,unix,qemu \
 	    --rounds $(FLEET_DEMO_ROUNDS) --onnx examples/digits_cnn.onnx -o $(FLEET_DEMO)
 
-# The tests in tiers (README.md, Tests; the markers in tests/conftest.py). pytest-xdist runs
+# The tests in tiers (docs/development/tests.md; the markers in tests/conftest.py). pytest-xdist runs
 # them on every core; a device target's scripts stay on one worker (one boot: xdist_group).
 # `make test`: the host suite, the unix port and MPS2_AN500 (one serial run), ten slowest listed.
 # `make test-slow`: the rest of the matrix (every device target, MIT's networks on the boards,
