@@ -24,9 +24,9 @@ def _board_api_link():
     link = os.path.join(BOARD_API, "microtrain_board")
     target = os.path.join(ROOT, "modules", "microtrain", "python", "microtrain")
     if os.path.realpath(link) != os.path.realpath(target):
-        if os.path.lexists(link):
-            os.remove(link)
-        os.symlink(target, link)
+        tmp = "%s.%d" % (link, os.getpid())      # made aside, then renamed: two builds at once agree
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
 
 
 _board_api_link()
