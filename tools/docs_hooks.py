@@ -58,12 +58,14 @@ def _default(action):
 
 
 def _argument(action):
+    """The argument as its usage line shows it, in one code span (a bare `{a,b}` would be read
+    as Markdown attributes): `-o, --output PLAN.mtp`, `--saved {float32,int8,bits}`, `model`."""
     if action.option_strings:
-        names = ", ".join("`%s`" % o for o in action.option_strings)
+        names = ", ".join(action.option_strings)
         if action.nargs != 0:
             metavar = action.metavar or (action.dest.upper() if not action.choices else None)
             names += " %s" % (metavar if metavar else "{%s}" % ",".join(map(str, action.choices)))
-        return names
+        return "`%s`" % names
     return "`%s`" % (action.metavar or action.dest)
 
 
@@ -82,7 +84,7 @@ def commands(parser):
 
 
 def cli_reference():
-    os.environ["COLUMNS"] = "100"     # argparse wraps usage lines to the terminal's width
+    os.environ["COLUMNS"] = "88"     # argparse wraps usage lines to the terminal's width
     from microtrain.cli import parser
     p = parser()
     lines = ["The commands of `microtrain` (and `python -m microtrain`), generated from the "

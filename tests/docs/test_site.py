@@ -49,12 +49,19 @@ def test_the_cli_reference_has_every_command_and_option(site):
     _, cmds = _commands()
     assert len(cmds) >= 15
     for cmd, sub in cmds:
-        assert 'id="microtrain-%s"' % "-".join(cmd) in html, cmd
+        anchor = 'id="microtrain-%s"' % "-".join(cmd)
+        assert anchor in html, cmd
+        section = html[html.index(anchor):]
+        section = section[:section.find("<h2", 1) if "<h2" in section[1:] else None]
         for action in sub._actions:
             if action.dest == "help":
                 continue            # -h/--help: said once for all at the top of the page
             for o in action.option_strings:
-                assert "<code>%s</code>" % o in html, (cmd, o)
+                # in a row of the command's table, not only in its usage line
+                assert re.search(r"<td><code>[^<]*(?<![\w-])%s(?![\w-])[^<]*</code></td>" % re.escape(o),
+                                 section), (cmd, o)
+            if action.choices and action.option_strings and not action.metavar:
+                assert "{%s}" % ",".join(map(str, action.choices)) in section, (cmd, action.dest)
     assert "<code>--version</code>" in html and 'id="microtrain"' in html
     assert "<!-- cli-reference -->" not in html
 
