@@ -24,11 +24,20 @@ all: native
 MICROTRAIN_FIRMWARE_PY_DEPS := $(VENV)/.installed-firmware
 include firmware/micropython.mk
 
-$(STAMP): requirements.txt requirements-test.txt requirements-fleet.txt requirements-docs.txt host/pyproject.toml host/setup.py
+# the host package with its own dependencies (host/pyproject.toml: numpy, onnx, cffi, tqdm) and
+# what builds its C core (requirements-build.txt): all that `make demo` installs
+HOST_STAMP := $(VENV)/.installed-host
+$(HOST_STAMP): requirements-build.txt host/pyproject.toml host/setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-build.txt
+	$(PY) -m pip install -q --no-build-isolation -e host
+	touch $@
+
+# the test stack on top (PyTorch, onnxruntime, scikit-learn, onnxscript, Flower, pytest...):
+# `make test` and the other targets that run the suite, the boards or the benchmarks
+$(STAMP): $(HOST_STAMP) requirements.txt requirements-test.txt requirements-fleet.txt requirements-docs.txt
 	$(PY) -m pip install -q -r requirements-test.txt
-	$(PY) -m pip install -q -e host
 	touch $@
 
 venv: $(STAMP)
@@ -42,7 +51,7 @@ $(FIRMWARE_STAMP): requirements-firmware.txt $(STAMP)
 venv-firmware: $(FIRMWARE_STAMP)
 
 # the host runs the device's C core through cffi; rebuild it when the C changes
-$(NATIVE_STAMP): $(STAMP) $(CORE_FILES) host/microtrain/_build_native.py
+$(NATIVE_STAMP): $(HOST_STAMP) $(CORE_FILES) host/microtrain/_build_native.py
 	@mkdir -p build
 	rm -f build/native*.stamp
 	MICROTRAIN_SANITIZE=$(SANITIZE) $(PY) -m pip install -q --no-deps --no-build-isolation -e host
@@ -77,7 +86,7 @@ SERIAL_DEMO := build/serial-demo
 SERIAL_DEMO_BOARD ?= qemu
 SERIAL_DEMO_PROFILE = $(or $(filter rpi_pico virt_rv32,$(SERIAL_DEMO_BOARD:pico=rpi_pico) $(SERIAL_DEMO_BOARD:virt=virt_rv32)),mps2_an500)
 SERIAL_DEMO_FIRMWARE = $(FIRMWARE_BUILD)/$(SERIAL_DEMO_PROFILE)/$(if $(filter rpi_pico,$(SERIAL_DEMO_PROFILE)),firmware.uf2,firmware.elf)
-serial-demo: native firmware-$(SERIAL_DEMO_PROFILE) $(if $(filter pico,$(SERIAL_DEMO_BOARD)),rp2040js)
+serial-demo: venv native firmware-$(SERIAL_DEMO_PROFILE) $(if $(filter pico,$(SERIAL_DEMO_BOARD)),rp2040js)
 	@mkdir -p $(SERIAL_DEMO)
 	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(SERIAL_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
 	$(PY) -m microtrain.device.emulated $(SERIAL_DEMO_BOARD) $(SERIAL_DEMO_FIRMWARE) -- sh -c '\
@@ -93,7 +102,7 @@ serial-demo: native firmware-$(SERIAL_DEMO_PROFILE) $(if $(filter pico,$(SERIAL_
 # global accuracy on the held-out set, then each board alone on its share for comparison.
 FLEET_DEMO := build/fleet-demo
 FLEET_DEMO_ROUNDS ?= 5
-fleet-demo: native firmware-test
+fleet-demo: venv native firmware-test
 	@mkdir -p $(FLEET_DEMO)
 	$(PY) -m microtrain compile examples/digits_cnn.onnx -o $(FLEET_DEMO)/digits.mtp --update last-layer --lr 0.05 --momentum 0.9
 	$(PY) -m microtrain fleet simulate $(FLEET_DEMO)/digits.mtp --data examples/digits_user.npz --boards unix,unix,unix,qemu \
@@ -106,10 +115,10 @@ fleet-demo: native firmware-test
 # the serial faults). `make test-all` (what CI runs): both, then the host suite under the
 # sanitizers. PYTEST_ARGS adds pytest options, e.g. PYTEST_ARGS="-k serial".
 PYTEST := MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs -n auto --dist loadgroup
-test: native firmware-test
+test: venv native firmware-test
 	$(PYTEST) -m "not slow" --durations=10 $(PYTEST_ARGS)
 
-test-slow: native firmware rp2040js
+test-slow: venv native firmware rp2040js
 	$(PYTEST) -m slow --durations=10 $(PYTEST_ARGS)
 
 test-all:
@@ -121,7 +130,7 @@ test-all:
 # The host suite alone (no firmware, no emulators: not `device`): what `make test-host SANITIZE=1`
 # runs under AddressSanitizer and UBSan in CI (docs/reliability.md). Device tests start
 # MicroPython, qemu or node, which the preloaded sanitizer runtimes must not reach.
-test-host: native
+test-host: venv native
 	$(PYTEST) -m "not device" $(PYTEST_ARGS)
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
@@ -136,7 +145,7 @@ BENCH_HEAP ?= 2097152
 # among them, 2 MB in all
 BENCH_HEAP_virt_rv32 ?= 1572864
 BENCH_BIG_BUILD = $(MICROTRAIN_BUILD)/bench-bigheap
-bench: native
+bench: venv native
 	+$(MAKE) $(addprefix firmware-,$(BENCH_BOARDS))
 	+$(foreach b,$(BENCH_BOARDS),$(MAKE) firmware-$(b) FIRMWARE_BUILD=$(BENCH_BIG_BUILD) \
 	    FIRMWARE_MAKE_ARGS="$(FIRMWARE_MAKE_ARGS) MICROPY_HEAP_SIZE=$(or $(BENCH_HEAP_$(b)),$(BENCH_HEAP))" && ) true
@@ -147,7 +156,7 @@ bench: native
 # libFuzzer on the C core under ASan and UBSan (clang), seeded with real plans of every op:
 # fuzz/run.py prints executions, time, coverage and findings (build/fuzz/artifacts/)
 FUZZ_SECONDS ?= 60
-fuzz: native
+fuzz: venv native
 	$(PY) fuzz/run.py --seconds $(FUZZ_SECONDS)
 
 # rp2040js (npm, pinned by tests/device/rp2040js/package-lock.json) runs the Pico firmware in the tests
@@ -161,7 +170,7 @@ rp2040js: $(RP2040JS_STAMP)
 # docs/boards.md's table: image sizes of build/firmware/*, free heap measured at boot on every
 # board that runs here (unix, qemu, rp2040js), status; --update-profiles writes the measured
 # heap into boards/*.json too
-boards-table: native
+boards-table: venv native
 	$(PY) firmware/boards_table.py --update-profiles
 
 clean: firmware-clean

@@ -102,12 +102,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=4, help="adaptation epochs")
     ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--saved", choices=microtrain.compiler.SAVED, default="bits",
+    ap.add_argument("--saved", choices=microtrain.options.SAVED, default="bits",
                     help="how the ReLU6 outputs the backward reads are kept (compile(saved=...)); bench/sparse_digits"
                     ".json and docs/sparse.md are measured with the default, bits")
-    ap.add_argument("--trained-weights", choices=microtrain.q8state.TRAINED_WEIGHTS, default="float32",
+    ap.add_argument("--trained-weights", choices=microtrain.options.TRAINED_WEIGHTS, default="float32",
                     help="how the microtrain rows store their trained weights (compile(trained_weights=...))")
-    ap.add_argument("--frozen-weights", choices=microtrain.w8.FROZEN_WEIGHTS, default="int8",
+    ap.add_argument("--frozen-weights", choices=microtrain.options.FROZEN_WEIGHTS, default="int8",
                     help="how the microtrain rows store the frozen weights of their float layers "
                     "(compile(frozen_weights=...))")
     args = ap.parse_args()

@@ -105,7 +105,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calibration", type=int, default=32, help="calibration images")
     ap.add_argument("--momentum", type=float, default=0.0)
-    ap.add_argument("--saved", choices=microtrain.compiler.SAVED, default="bits",
+    ap.add_argument("--saved", choices=microtrain.options.SAVED, default="bits",
                     help="how ReLU/ReLU6 outputs are kept for the backward (compile(saved=...)): bits, their 1-bit "
                     "masks; int8, int8 copies; float32, the outputs themselves")
     ap.add_argument("--no-int8-fuse", dest="int8_fuse", action="store_false",
@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--frozen-weights", choices=("float32", "int8"), default="int8",
                     help="the frozen conv weights of float layers: int8 with per-channel scales (default), or "
                     "float32 (compile(frozen_weights=...))")
-    ap.add_argument("--trained-weights", choices=microtrain.q8state.TRAINED_WEIGHTS, default="int8",
+    ap.add_argument("--trained-weights", choices=microtrain.options.TRAINED_WEIGHTS, default="int8",
                     help="how trained conv/Gemm weights are stored (compile(trained_weights=...)): int8, codes with "
                     "per-channel scales, as MIT's engine; float32")
     ap.add_argument("--schemes", default=None, help="comma-separated scheme names (default: all)")

@@ -3,9 +3,10 @@
 compile() turns an ONNX model into a training plan; Simulator runs that plan
 on the host with the same C core the firmware runs.
 """
-__version__ = "0.1.0"
-
-from .compiler import compile  # noqa: E402,F401  (shadows the builtin on purpose: microtrain.compile)
-from .plan import Plan, load_plan  # noqa: E402,F401
-from .simulator import Simulator  # noqa: E402,F401
-from .native import PlanError  # noqa: E402,F401
+from .version import __version__  # noqa: F401
+from .api import compile  # noqa: F401  (shadows the builtin on purpose: microtrain.compile)
+from .options import CompileOptions  # noqa: F401
+from .plan import Plan, load_plan  # noqa: F401
+from .simulator import Simulator  # noqa: F401
+from .native import PlanError  # noqa: F401
+from .unfold import state_dict  # noqa: F401

@@ -54,10 +54,10 @@ def _calibrate_once():
     from . import quantize
     original, cache = quantize.calibrate, {}
 
-    def cached(graph, samples):
+    def cached(graph, samples, build_plan):
         key = (graph.fingerprint, id(samples))
         if key not in cache:
-            cache[key] = original(graph, samples)
+            cache[key] = original(graph, samples, build_plan)
         return dict(cache[key])
     quantize.calibrate = cached
     try:
@@ -71,7 +71,7 @@ def choose(model, budget, log=None, probe=None, probe_epochs=2, board=None, **op
     probe: (x, y) labelled samples to choose by learning (module docstring). board: a board profile
     whose heap the plans are counted in (module docstring)."""
     from .compiler import compile as compile_plan
-    from .onnx_import import import_onnx
+    from .onnx_frontend import import_onnx
     from .schemes import conv_layers
     budget = parse_bytes(budget)
     say = log or (lambda line: None)

@@ -14,20 +14,12 @@ import sys
 
 import numpy as np
 
-
-def _writable(path, option):
-    """Refuse an output path before any work is done for it."""
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        raise ValueError("cannot write %s %s: directory %s does not exist" % (option, path, d))
-    if os.path.isdir(path):
-        raise ValueError("cannot write %s %s: it is a directory" % (option, path))
-    if not os.access(d, os.W_OK):
-        raise ValueError("cannot write %s %s: directory %s is not writable" % (option, path, d))
+from .datafiles import load_data, load_npz, writable as _writable
 
 
 def _compile(args):
     from .compiler import compile
+    from .options import CompileOptions
     _writable(args.output, "-o")
     calibration = _calibration(args.calibration) if args.calibration else None
     if args.quantize and calibration is None:
@@ -36,12 +28,12 @@ def _compile(args):
     if calibration is not None and not args.quantize:
         raise ValueError("--calibration %s is read only by --quantize int8 (it sets the int8 scales): add "
                          "--quantize int8, or leave --calibration out" % args.calibration)
-    options = dict(loss=args.loss, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-                   batch=args.batch, planner=args.planner, clip_grad=args.clip_grad, quantize=args.quantize,
-                   calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
-                   saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
-                   trained_weights=args.trained_weights, recompute=args.recompute,
-                   input_in_place=args.input_in_place)
+    options = CompileOptions(
+        update=args.update, scheme=args.scheme, loss=args.loss, lr=args.lr, momentum=args.momentum,
+        weight_decay=args.weight_decay, batch=args.batch, planner=args.planner, clip_grad=args.clip_grad,
+        quantize=args.quantize, calibration=calibration, input_dtype=args.input_dtype, int8_scope=args.int8_scope,
+        saved=args.saved, int8_fuse=args.int8_fuse, frozen_weights=args.frozen_weights,
+        trained_weights=args.trained_weights, recompute=args.recompute, input_in_place=args.input_in_place)
     board = None
     if args.board:
         from .boards import load_board
@@ -58,9 +50,9 @@ def _compile(args):
         if args.budget is not None:   # the search counts the plans as this board will hold them
             stream = not board["romfs"].get("available")
         else:   # streamed, unless the plan is small beside the heap or streaming needs more of it
-            resident = compile(args.model, update=args.update, scheme=args.scheme, **options)
+            resident = compile(args.model, options)
             stream = wants_stream(resident.report(), board)
-    options.update(stream=stream, stream_window=args.stream_window)
+    options = CompileOptions.of(options, stream=stream, stream_window=args.stream_window)
     if args.budget is not None:
         if args.update != "last-layer" or args.scheme:
             raise ValueError("--budget chooses what trains: give it without --update/--scheme")
@@ -69,13 +61,14 @@ def _compile(args):
         if args.budget_probe:
             d = load_data(args.budget_probe, "--budget-probe")
             probe = (d["x"], d["y"])
+        rest = {k: v for k, v in options.asdict().items() if k not in ("update", "scheme")}
         scheme, plan = choose(args.model, args.budget, log=lambda line: print("budget: " + line, flush=True),
-                              probe=probe, probe_epochs=args.probe_epochs, board=board, **options)
+                              probe=probe, probe_epochs=args.probe_epochs, board=board, **rest)
         print("budget: scheme " + json.dumps(scheme))
     else:
         if args.budget_probe:
             raise ValueError("--budget-probe chooses among the schemes a budget fits: give it with --budget")
-        plan = compile(args.model, update=args.update, scheme=args.scheme, **options)
+        plan = compile(args.model, options)
         if resident is not None and stream and \
                 sum(ram_needed(resident.report(), board).values()) < sum(ram_needed(plan.report(), board).values()):
             plan = resident   # an op's constants too large for a window: whole in RAM needs less
@@ -211,39 +204,26 @@ def _report(args):
             print("board           %s" % line)
 
 
-def load_npz(path, option):
-    """The arrays of an .npz archive, or ValueError saying what the file is instead."""
-    try:
-        d = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise ValueError("%s %s: no such file" % (option, path)) from None
-    except (OSError, ValueError, EOFError) as e:   # EOFError: an empty file
-        raise ValueError("%s %s is not an .npz archive; write one with np.savez(%r, x=..., y=...)"
-                         % (option, path, path)) from e
-    if not hasattr(d, "files"):
-        raise ValueError("%s %s is a single .npy array, not an .npz archive of named arrays; write one with "
-                         "np.savez(%r, x=..., y=...)" % (option, path, os.path.splitext(path)[0] + ".npz"))
-    return d
-
-
-def load_data(path, option="--data"):
-    d = load_npz(path, option)
-    missing = [k for k in ("x", "y") if k not in d.files]
-    if missing:
-        raise ValueError("%s %s lacks array(s) %s; it must hold x (samples first) and y" % (option, path, missing))
-    if ("x_test" in d.files) != ("y_test" in d.files):
-        raise ValueError("%s %s holds %s without %s; give both or neither"
-                         % ((option, path) + (("x_test", "y_test") if "x_test" in d.files else ("y_test", "x_test"))))
-    return d
-
-
 def _simulate(args):
     from .plan import load_plan
     from .simulator import Simulator, TrainingDiverged
     if args.save_params:
         _writable(args.save_params, "--save-params")   # before training, which would otherwise be lost
+    from .curve import for_plot
+    curve = for_plot(args.plot, "microtrain simulate %s" % os.path.basename(args.plan))
+    reference = None
+    if args.state_dict:
+        if not args.save_params:
+            raise ValueError("--state-dict %s is read only by --save-params (the state dict it writes starts from "
+                             "it): add --save-params FILE.npz, or leave --state-dict out" % args.state_dict)
+        from .unfold import load_reference
+        reference = load_reference(args.state_dict)
     plan = load_plan(args.plan)
     sim = Simulator(plan)
+    initial = sim.params()
+    if reference is not None:   # the state dict maps onto the plan: checked before training, not after
+        from .unfold import state_dict
+        state_dict(plan, initial, reference, initial)
     if args.lr is not None:
         sim.lr = args.lr
     d = load_data(args.data)
@@ -262,6 +242,9 @@ def _simulate(args):
     print()
     before = sim.evaluate(xt, yt)
     print("%s before training (%s, %d samples): %.4f" % (metric, held, len(xt), before))
+    if curve:
+        curve.metric = "%s (%s)" % (metric, held)
+        curve.add(0, value=before)
 
     if not plan.report()["trainable"]:   # --update none: nothing to train, the accuracy above is the answer
         print("nothing to train: the plan is inference-only (compiled with --update none); recompile with another "
@@ -270,8 +253,11 @@ def _simulate(args):
 
     def epoch_done(e, loss):
         line = "epoch %d/%d: mean loss %.4f" % (e, args.epochs, loss)
+        value = sim.evaluate(xt, yt) if test is not None else None
         if test is not None:
-            line += ", held-out %s %.4f" % (metric, sim.evaluate(xt, yt))
+            line += ", held-out %s %.4f" % (metric, value)
+        if curve:
+            curve.add(e, loss, value)
         print(line, flush=True)
 
     try:
@@ -280,9 +266,20 @@ def _simulate(args):
         raise TrainingDiverged(e.epoch, e.sample, e.k, e.lr, e.detail, "lower --lr (now %g)") from None
     after = sim.evaluate(xt, yt)
     print("%s after %d epochs (%d steps): %.4f" % (metric, args.epochs, sim.steps, after))
-    if args.save_params:
+    if curve:
+        if test is None:
+            curve.add(args.epochs, value=after)
+        curve.save(args.plot)
+        print("loss and %s curve written to %s" % (metric, args.plot))
+    if reference is not None:
+        state = state_dict(plan, sim.params(), reference, initial)
+        np.savez(args.save_params, **state)
+        print("PyTorch state dict written to %s: %s with the trained parameters in place, BatchNorms un-folded "
+              "(module.load_state_dict takes it)" % (args.save_params, args.state_dict))
+    elif args.save_params:
         np.savez(args.save_params, **sim.params())
-        print("trained parameters written to %s" % args.save_params)
+        print("trained parameters written to %s, by ONNX initializer name (for a model whose BatchNorm was folded "
+              "into a conv, --state-dict writes PyTorch's state dict instead)" % args.save_params)
 
 
 def _export(args):
@@ -340,7 +337,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parser():
-    from . import __version__
+    from .version import __version__
     from . import format as F
     fmt = _Help
     p = _Parser(prog="microtrain", formatter_class=fmt,
@@ -453,7 +450,16 @@ def parser():
     s.add_argument("--lr", type=_number, default=None, help="learning rate for this run (default: the plan's)")
     s.add_argument("--seed", type=int, default=0, help="seed of the shuffle of each epoch")
     s.add_argument("--save-params", metavar="FILE.npz", default=None,
-                   help="write the trained parameters, by ONNX initializer name")
+                   help="write the trained parameters, by ONNX initializer name (what microtrain export reads); "
+                   "with --state-dict, the whole PyTorch state dict instead")
+    s.add_argument("--state-dict", metavar="MODEL.pt", default=None,
+                   help="with --save-params: the original state dict of the PyTorch module the ONNX came from "
+                   "(torch.save(module.state_dict(), ...), or an .npz of it); --save-params then writes it with "
+                   "the trained values in place and every BatchNorm folded into a conv un-folded, for "
+                   "module.load_state_dict (strict)")
+    s.add_argument("--plot", metavar="CURVE.png", default=None,
+                   help="also draw the mean loss of each epoch and the accuracy (or mse) before training and "
+                   "after each epoch as a PNG (needs matplotlib)")
     s.set_defaults(func=_simulate)
     e = sub.add_parser("export", help="write the ONNX model with trained parameters in place", formatter_class=fmt,
                        description="Write the ONNX model the plan came from with trained parameters in place.")

@@ -21,7 +21,7 @@ residual into the first float block (MbV2 blocks.5's, 16 KB as float) added from
 """
 from __future__ import annotations
 
-from .training import TOp, TTensor
+from .lowered import TOp, TTensor
 from .w8 import MAX_TAPS
 
 DQ_SHARE = 4   # the float planes at most 1/4 of the int8 input's bytes

@@ -25,7 +25,7 @@ value in the order of the ops they replace (mt_pwdw_w8.c): the results are their
 from __future__ import annotations
 
 from . import format as F
-from .training import TTensor
+from .lowered import TTensor
 
 PW_ATTRS = [1, 1, 0, 0, 0, 0, 1, 1, 1]   # a 1x1 conv: stride 1, no padding, dilation 1, one group
 DEPTHWISE = ("CONV2D_W8", "CONV2D_DW_INPLACE_W8")

@@ -84,18 +84,14 @@ def planned_arena(tensors, ops, io, strategy="greedy", gap=0):
                               align=F.ALIGN, gap=gap)
 
 
-def assign_memory(tensors, ops, io, strategy="greedy", gap=0, stream=False):
+def assign_memory(tensors, ops, io, strategy="greedy", gap=0, lay=None):
     """Offsets for arena (planned), state (packed) and constant tensors, and the
-    quantization records (per-channel scales in the data section). stream: the frozen constants the
-    ops read, and the initial values of the trainable parameters, go to the stream section instead
-    (stream.py), each op group's window planned in the arena.
+    quantization records (per-channel scales in the data section). lay: a stream layout
+    (stream.planned makes one): the frozen constants the ops read, and the initial values of the
+    trainable parameters, are in the stream section instead, each op group's window planned in
+    the arena.
     Returns (arena_bytes, state_bytes, naive_bytes, peak_bytes, data_blobs, data_bytes, quant_records,
     stream layout or None)."""
-    lay = None
-    if stream:
-        from . import stream as S
-        S.choose(tensors, ops)
-        lay = S.layout(tensors, ops, [i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["PARAM"]])
     roots = _roots(tensors)
     ids, bufs = arena_buffers(tensors, ops, io, roots)
     windows = lay.window_buffers() if lay else []

@@ -870,17 +870,3 @@ def output_softmax(imp, node, ins):
     imp.dropped = node.op_type
     imp.notes.append("%s at the output dropped: fused into the cross-entropy loss; predict() returns "
                       "logits" % _where(node))
-
-
-def import_onnx(model, loss="cross-entropy"):
-    model, notes, fingerprint = load_model(model)
-    qdq_import.check_supported_form(model)
-    imp = (qdq_import.QDQImporter if qdq_import.is_qdq(model) else Importer)(model, loss)
-    graph = imp.run()
-    graph.notes[:0] = notes
-    graph.fingerprint = fingerprint
-    return graph
-
-
-# quantized models (QuantizeLinear/DequantizeLinear): qdq_import.py registers their handlers
-from . import qdq_import  # noqa: E402  (it imports Importer from this module)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import format as F
+from .lowered import TTensor
 
 QMIN, QMAX = -128, 127
 
@@ -43,7 +44,6 @@ def qconv(b, n, ins, y):
 def qpwdw(b, n, ins, y):
     """A 1x1 conv streamed into a depthwise conv (q8_fuse.py): the expanded tensor exists as its
     ring of rows only, an arena tensor of this op alone."""
-    from .training import TTensor
     name, shape, q = n.attrs["ring"]
     ring = b.tensor(TTensor(name, shape, dtype="I8", quant=q))
     w, ys = b.tensors[ins[5]], b.tensors[y].shape
@@ -56,7 +56,6 @@ def qcdp(b, n, ins, y):
     """A conv streamed into a depthwise conv streamed into a 1x1 conv (q8_fuse.py): the first
     conv's output exists as its ring of rows, the depthwise output as one row, arena tensors of
     this op alone."""
-    from .training import TTensor
     scratch = [b.tensor(TTensor(name, shape, dtype="I8", quant=q)) for name, shape, q in (n.attrs["ring"],
                                                                                        n.attrs["row"])]
     w, ys = b.tensors[ins[9]], b.tensors[y].shape

@@ -20,9 +20,8 @@ import numpy as np
 
 from . import format as F
 from .ir import Quant
-from .training import TTensor
+from .lowered import TTensor
 
-TRAINED_WEIGHTS = ("float32", "int8")
 GEMM_OPS = ("GEMM", "GEMM_BWD_INPUT", "GEMM_BWD_WEIGHT")
 READS_INT8 = {"CONV2D_BWD_INPUT": "CONV2D_BWD_INPUT_Q8", "GEMM_BWD_INPUT": "GEMM_BWD_INPUT_Q8"}   # same slots
 READS_W8 = {"CONV2D": "CONV2D_W8", "CONV2D_ACC": "CONV2D_ACC_W8", "CONV2D_DW_INPLACE": "CONV2D_DW_INPLACE_W8",

@@ -373,10 +373,10 @@ def lower(graph, trainable, input_dtype="F32", scope="prefix", fuse=True):
 
 # ---- post-training quantization ----
 
-def calibrate(graph, samples):
+def calibrate(graph, samples, build_plan):
     """{value name: (min, max)} of every activation over the calibration samples, from the float
-    graph run by the C core (a forward-only plan where every tensor keeps its own memory)."""
-    from .compiler import build_plan
+    graph run by the C core (a forward-only plan where every tensor keeps its own memory, from
+    build_plan: compiler.build_plan, which the compiler hands down, being above this pass)."""
     from .native import Core
     plan = build_plan(graph, set(), "cross-entropy", planner="naive")
     core = Core(plan.data)
@@ -400,11 +400,11 @@ def calibrate(graph, samples):
     return {n: (lo[n], hi[n]) for n in names.values()}
 
 
-def ptq(graph, trainable, samples, input_quant=None, scope="prefix"):
+def ptq(graph, trainable, samples, build_plan, input_quant=None, scope="prefix"):
     """Annotate graph (in place) for int8: per-channel symmetric weights of the frozen layers, per-tensor
     asymmetric activations from the min/max over the calibration samples. input_quant (scale,
     zero_point) fixes the input's quantization instead of calibrating it."""
-    ranges = calibrate(graph, samples)
+    ranges = calibrate(graph, samples, build_plan)
     low = _Lowering(graph, trainable, "F32", scope)   # its view of the graph: consumers, what stays float
     quant, wquant = {}, {}
 

@@ -38,7 +38,7 @@ from dataclasses import replace
 
 from . import format as F
 from .memory import _roots, arena_buffers, planned_arena
-from .training import TTensor
+from .lowered import TTensor
 
 NOT_REPLAYED = ("CONV_DW_PW_Q8_TO_PIPE", "CONV_DW_PW_Q8_FROM_PIPE")   # a pipe pair runs as one
 CHECKPOINT_SHARE = 4    # a dead tensor at most 1/4 of the replayed one's bytes is kept, not replayed

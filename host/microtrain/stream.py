@@ -21,8 +21,9 @@ import numpy as np
 
 from . import format as F
 from . import planner
-from .ir import NP_DTYPES
-from .memory import RUNS_THE_OP_BEFORE
+from .ir import NP_DTYPES, Quant
+from .lowered import TTensor, drop_unused
+from .memory import RUNS_THE_OP_BEFORE, assign_memory
 
 # compile(constants=...): where a plan's frozen constants live on the board
 PLACEMENTS = ("resident", "stream")
@@ -291,8 +292,6 @@ def _slice(tensors, cache, tid, c0, c1, axis):
     """The constant tensor holding channels [c0, c1) of tid along axis (0: rows, 1: columns)."""
     key = (tid, c0, c1)
     if key not in cache:
-        from .ir import Quant
-        from .training import TTensor
         t = tensors[tid]
         whole = np.asarray(tensors[_root(tensors, tid)].data).reshape(t.shape)
         data = np.ascontiguousarray(np.take(whole, np.arange(c0, c1), axis=axis))
@@ -351,8 +350,6 @@ def _template(tensors, cache, tid, axis, e, blocks):
     whole), with every block's bytes and scales."""
     key = (tid, axis, e)
     if key not in cache:
-        from .ir import Quant
-        from .training import TTensor
         t = tensors[tid]
         whole = np.asarray(tensors[_root(tensors, tid)].data).reshape(t.shape)
         q = t.quant
@@ -391,7 +388,6 @@ WINDOWS = (4096, 8192, 12288, 16384, 20480, 24576, 32768, 49152, 65536)
 
 def _cut(tensors, ops, window):
     """split_blocks on the tensors and ops, then the unused ones dropped; returns (ops, cut)."""
-    from .training import drop_unused
     ops, cut = split_blocks(tensors, ops, window)
     if cut:
         drop_unused(tensors, ops)
@@ -404,7 +400,6 @@ def windowed(tensors, ops, io_flags, window=None, gap=0):
     board that streams the plan, arena (with the windows, TFLite Micro's greedy placement) plus the
     group table, the larger on a tie (fewer reads). Returns (ops, window chosen or None, ops cut)."""
     import copy
-    from .memory import assign_memory
     choose(tensors, ops)
     if window is None:
         largest = max((_piece_bytes(tensors, o)[1] + _piece_bytes(tensors, o)[0] * 1 for o in ops if o.name in SPLITS
@@ -420,7 +415,7 @@ def windowed(tensors, ops, io_flags, window=None, gap=0):
                 if not cut:
                     continue
             io = [next(i for i, x in enumerate(t) if x.flags & F.TFLAGS[f]) for f in io_flags]
-            arena, *_, lay = assign_memory(t, o, io, "greedy", gap, stream=True)
+            arena, *_, lay = planned(t, o, io, "greedy", gap)
             cost = (arena + F.GROUP_BYTES * len(lay.groups), -(w or 1 << 30))
             if best is None or cost < best[0]:
                 best = (cost, w)
@@ -429,3 +424,11 @@ def windowed(tensors, ops, io_flags, window=None, gap=0):
             return ops, None, 0
     ops, cut = _cut(tensors, ops, window)
     return ops, window, cut
+
+
+def planned(tensors, ops, io, strategy="greedy", gap=0):
+    """memory.assign_memory for a plan that streams its constants: the STREAM constants chosen,
+    their groups laid out, the windows planned in the arena with the tensors. Same result tuple."""
+    choose(tensors, ops)
+    lay = layout(tensors, ops, [i for i, t in enumerate(tensors) if t.flags & F.TFLAGS["PARAM"]])
+    return assign_memory(tensors, ops, io, strategy, gap, lay=lay)

@@ -17,7 +17,6 @@ import numpy as np
 
 from .quantize import quantize_weight, weight_quant
 
-FROZEN_WEIGHTS = ("float32", "int8")
 # the float op -> its int8-weight form (same slots and attributes)
 W8_FORM = {
     "CONV2D": "CONV2D_W8",

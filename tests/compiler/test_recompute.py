@@ -268,7 +268,7 @@ def _late_case(written=None, overwritten=False):
     whose masks (8, 11) the op at 6 reads; the projection's output z (12) read at once; `written`:
     the parameter an op between writes (2 the block's first bias, 6 the projection's); overwritten:
     ops between write over both X and its copy (in place: views of them, 16 and 17)."""
-    from microtrain.training import TOp, TTensor
+    from microtrain.lowered import TOp, TTensor
     t = [TTensor("X", (1, 2, 4, 4)), TTensor("w", (6, 2, 1, 1), "I8", "CONST"), TTensor("b", (6,), storage="STATE"),
          TTensor("dw", (6, 1, 3, 3), "I8", "CONST"), TTensor("db", (6,), storage="STATE"),
          TTensor("w2", (2, 6, 1, 1), "I8", "CONST"), TTensor("b2", (2,), storage="STATE"),

@@ -147,7 +147,7 @@ def test_naive_planner_keeps_every_tensor_readable():
 def test_a_trainable_parameter_without_a_gradient_path_is_an_internal_error():
     """The compiler's closing invariant: drop the op that carries the loss's gradient down to
     the first layer (or the first layer's own gradient op) and the plan is refused."""
-    from microtrain.onnx_import import import_onnx
+    from microtrain.onnx_frontend import import_onnx
     from microtrain.training import InternalError, build_training, check_gradient_paths
     graph = import_onnx(models.cnn())
     trainable = {"c1.weight", "c1.bias", "fc.weight", "fc.bias"}

@@ -181,7 +181,7 @@ def test_mbv2_138kb_trains_as_unfused():
 def test_not_fused_where_the_int8_input_is_written_before_the_conv():
     """The fused op reads the int8 tensor where the conv was: a write between the two would change
     what it reads (the ops as the compiler holds them, made up: no model gives this order)."""
-    from microtrain.training import TOp, TTensor
+    from microtrain.lowered import TOp, TTensor
     t = [TTensor("xq", (1, 4, 3, 3), "I8"), TTensor("xf", (1, 4, 3, 3)), TTensor("w", (2, 4, 1, 1), "I8", "CONST"),
          TTensor("y", (1, 2, 3, 3)), TTensor("z", (1, 4, 3, 3))]
     conv = TOp("CONV2D_W8", "FORWARD", [1, 2, None, 3], [1, 1, 0, 0, 0, 0, 1, 1, 1])

@@ -14,7 +14,7 @@ from int8_plans import act, const, single_op_plan
 from microtrain import format as F
 from microtrain.ir import Quant
 from microtrain.native import Core
-from microtrain.training import TTensor
+from microtrain.lowered import TTensor
 
 rng = np.random.default_rng(8)
 

@@ -12,9 +12,10 @@ import torch
 import int8_models as M
 import q8_reference as R
 import microtrain
-from microtrain.compiler import resolve_update
+from microtrain.compiler import build_plan, resolve_update
 from microtrain.native import Core
-from microtrain.onnx_import import UnsupportedModel, import_onnx
+from microtrain.onnx_frontend import import_onnx
+from microtrain.onnx_import import UnsupportedModel
 from microtrain.quantize import QuantizeError, ptq
 
 N_SAMPLES = 200
@@ -98,7 +99,7 @@ def test_own_post_training_quantization_matches_onnxruntime(trained, exporter):
     calib = trained["x"][:300]
     plan = microtrain.compile(src, update="none", planner="naive", quantize="int8", calibration=calib)
     graph = import_onnx(src)
-    ptq(graph, set(), calib)
+    ptq(graph, set(), calib, build_plan)
     dst = M.qdq_from_plan_quantization(src, graph, str(trained["dir"] / ("ptq_%s.onnx" % exporter)))
     worst, exact = compare(plan, dst, trained["x"][-N_SAMPLES:])
     assert worst <= 1, worst

@@ -21,7 +21,7 @@ import torch.nn.functional as TF
 import microtrain
 from microtrain.ir import Quant
 from microtrain.native import PlanError
-from microtrain.training import TTensor
+from microtrain.lowered import TTensor
 
 from int8_models import export
 from test_inplace_q8_pointwise import Block, data, same_bits

@@ -32,7 +32,7 @@ import microtrain
 from microtrain import dq_conv, format as F
 from microtrain.peak import alive_at_peak
 from microtrain.native import Core, PlanError
-from microtrain.training import TOp, TTensor
+from microtrain.lowered import TOp, TTensor
 from test_dq_conv import block_plans as dq_plans, names, trains_alike_and_moves
 from test_pwdw_q8 import _patched
 from tte_parity import assert_trains_alike, tte

@@ -20,8 +20,9 @@ import microtrain
 import q8_cases as Q
 from microtrain import format as F
 from microtrain.native import Core, PlanError
-from microtrain.onnx_import import import_onnx
+from microtrain.onnx_frontend import import_onnx
 from microtrain.peak import alive_at_peak
+from microtrain.compiler import build_plan
 from microtrain.quantize import ptq
 from test_int8_onnxruntime import compare
 
@@ -93,7 +94,7 @@ def test_fused_plan_is_the_unfused_plan_and_onnxruntime(data, tmp_path, geometry
         assert np.array_equal(a.predict(x), b.predict(x))
     # onnxruntime on microtrain's quantization, and the numpy reference for every int8 tensor
     graph = import_onnx(src)
-    ptq(graph, set(), calib)
+    ptq(graph, set(), calib, build_plan)
     qdq = M.qdq_from_plan_quantization(src, graph, str(tmp_path / "qdq.onnx"))
     naive = microtrain.compile(src, update="none", quantize="int8", calibration=calib, planner="naive",
                                int8_fuse="pwdw")

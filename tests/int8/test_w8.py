@@ -29,7 +29,7 @@ from microtrain.ir import Quant
 from microtrain.memory import assign_memory
 from microtrain.native import Core, PlanError
 from microtrain.plan import Plan, write_plan
-from microtrain.training import TOp, TTensor
+from microtrain.lowered import TOp, TTensor
 from test_sparse import SCHEME, Block, data, export, onnx_names, torch_masks, torch_train
 
 RTOL = 1e-4

@@ -130,9 +130,16 @@ def ort_qdq(src, dst, calib, activation="int8", exclude=(), per_channel=True):
 
 
 def ort_session(path):
+    """onnxruntime running the QDQ model as the ONNX standard defines it: DequantizeLinear, the
+    float op, QuantizeLinear, with its graph optimizations off. Optimized, it fuses each
+    DQ-op-Q into an integer kernel whose uint8 x int8 products, on an x86-64 CPU with AVX2 but
+    no VNNI (onnxruntime's quantization docs, "U8S8 ... VPMADDUBSW ... saturation"), add in
+    saturating int16 pairs: up to 21 LSB off on the models here, so the reference would
+    depend on the CPU it runs on."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 

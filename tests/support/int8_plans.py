@@ -7,7 +7,7 @@ from microtrain import format as F
 from microtrain.ir import Quant
 from microtrain.memory import assign_memory
 from microtrain.plan import Plan, write_plan
-from microtrain.training import TOp, TTensor
+from microtrain.lowered import TOp, TTensor
 
 
 def act(name, shape, scale, zp, flags=0):

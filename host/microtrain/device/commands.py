@@ -4,6 +4,7 @@ ValueError), which the CLI prints on one line with exit status 2."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -39,6 +40,8 @@ def add_arguments(sub, formatter_class):
                    help="checkpoint on the board every N samples (default: 0, at the end only)")
     t.add_argument("--no-accuracy", action="store_true",
                    help="do not measure the running accuracy (saves a forward pass per sample)")
+    t.add_argument("--plot", metavar="CURVE.png", default=None,
+                   help="also draw the mean loss and running accuracy of each epoch as a PNG (needs matplotlib)")
     port_args(t)
     t.set_defaults(func=train)
 
@@ -54,6 +57,10 @@ def add_arguments(sub, formatter_class):
                        "into the ONNX model the plan was compiled from.")
     p.add_argument("-o", "--output", required=True, help="TRAINED.onnx (with --onnx) or params.npz")
     p.add_argument("--onnx", metavar="MODEL.onnx", help="the model the plan was compiled from")
+    p.add_argument("--state-dict", metavar="MODEL.pt", default=None,
+                   help="with -o params.npz: the original state dict of the PyTorch module (as simulate "
+                   "--state-dict); writes it with the trained values in place, BatchNorms un-folded, for "
+                   "module.load_state_dict (strict)")
     port_args(p)
     p.set_defaults(func=pull)
 
@@ -65,7 +72,7 @@ def _board(args):
 
 
 def _data(path, test=False):
-    from ..cli import load_data
+    from ..datafiles import load_data
     d = load_data(path)
     if test and "x_test" in d.files and "y_test" in d.files:
         return d["x_test"], d["y_test"], "x_test/y_test"
@@ -91,12 +98,18 @@ def deploy(args):
 
 def train(args):
     from .training import Progress, train as run
+    from ..curve import for_plot
+    curve = for_plot(args.plot, "microtrain train %s" % os.path.basename(args.data))
     x, y, _ = _data(args.data)
     with _board(args) as b:
         plan = b.plan()
         ce = plan.loss == "cross-entropy"
+        if curve:
+            curve.metric = "running accuracy"
 
         def on_epoch(epoch, loss, acc):
+            if curve:
+                curve.add(epoch, loss, acc)
             line = "epoch %d: mean loss %.4f" % (epoch, loss)
             if acc is not None:
                 line += ", running accuracy %.2f%% (each sample before training on it)" % (100 * acc)
@@ -116,6 +129,9 @@ def train(args):
               "checkpointed on the board; frames resent: %d"
               % (out["trained"], out["trained"], out["samples_per_s"], out["samples"], args.epochs * len(x),
                  out["stats"].resent))
+    if curve:
+        curve.save(args.plot)
+        print("loss and running accuracy curve written to %s" % args.plot)
 
 
 def evaluate(args):
@@ -133,9 +149,21 @@ def pull(args):
                         "(or write the parameters to a .npz)" % out)
     if not out.endswith((".onnx", ".npz")):
         raise DataError("-o must name a .onnx or a .npz file, not %s" % out)
+    reference = None
+    if args.state_dict:
+        if not out.endswith(".npz"):
+            raise DataError("--state-dict writes a PyTorch state dict: give it with -o params.npz, not %s" % out)
+        from ..unfold import load_reference
+        reference = load_reference(args.state_dict)
     with _board(args) as b:
         params = b.params()
         plan = b.plan()
+    if reference is not None:
+        from ..unfold import state_dict
+        np.savez(out, **state_dict(plan, params, reference))
+        print("wrote the state dict of %s with the %d trained parameters in place, BatchNorms un-folded, to %s"
+              % (args.state_dict, len(params), out))
+        return
     if out.endswith(".npz"):
         np.savez(out, **params)
     else:

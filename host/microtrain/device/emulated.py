@@ -104,12 +104,50 @@ def _kill_group(proc):
 def _spawn(cmd, **kw):
     """Start an emulator in a session of its own (a Ctrl-C meant for the host stays with
     the host; a kill reaches its whole group), killed by the kernel when this process
-    dies, even by SIGKILL where atexit never runs (setpriv --pdeathsig, util-linux)."""
+    dies, even by SIGKILL where atexit never runs (setpriv --pdeathsig, util-linux).
+    The kernel sends that signal when the *thread* that forked ends, not the process:
+    so every emulator is forked by one thread that lives as long as the process, and a
+    board reset from a short-lived thread (a timer in a test) does not die with it."""
     if shutil.which("setpriv"):
         cmd = ["setpriv", "--pdeathsig", "KILL", "--"] + list(cmd)
-    proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+    proc = _SPAWNER.run(lambda: subprocess.Popen(cmd, start_new_session=True, **kw))
     _running.add(proc)
     return proc
+
+
+class _Spawner:
+    """Runs calls on one daemon thread, started at the first call, and hands back their
+    results (or raises their exceptions) in the caller's thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs = None
+
+    def run(self, fn):
+        import queue
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.Queue()
+                threading.Thread(target=self._serve, name="microtrain-emulator-spawner", daemon=True).start()
+        done = threading.Event()
+        box = {}
+        self._jobs.put((fn, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _serve(self):
+        while True:
+            fn, box, done = self._jobs.get()
+            try:
+                box["value"] = fn()
+            except BaseException as e:      # handed to the caller, raised there
+                box["error"] = e
+            done.set()
+
+
+_SPAWNER = _Spawner()
 
 
 def running():
@@ -334,8 +372,7 @@ class UnixBoard(_Emulated):
         self._lock = threading.RLock()
 
     def _restart_on_exit(self, proc):
-        # the MicroPython it starts lives as long as this thread (setpriv --pdeathsig is the
-        # parent thread's), so it waits on that one in turn
+        # each restart is waited on in turn, by this thread
         while proc.wait() == 0:     # else killed (power cut, close) or crashed: it stays off
             with self._lock:
                 if self.proc is not proc:

@@ -92,7 +92,7 @@ def _simulate(args):
 
 
 def _provision(args):
-    from ..cli import load_data
+    from ..datafiles import load_data
     from ..device.board import Board
     from ..device.ports import find_board
     from .board import provision
