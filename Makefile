@@ -16,7 +16,7 @@ SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name
 DEMO_PLAN := build/digits.mtp
 
 .PHONY: all demo test test-slow test-all test-host venv venv-firmware native header clean distclean bench rp2040js \
-	boards-table serial-demo fuzz fleet-demo
+	boards-table serial-demo fuzz fleet-demo docs
 
 all: native
 
@@ -36,7 +36,7 @@ $(HOST_STAMP): requirements-build.txt host/pyproject.toml host/setup.py
 
 # the test stack on top (PyTorch, onnxruntime, scikit-learn, onnxscript, Flower, pytest...):
 # `make test` and the other targets that run the suite, the boards or the benchmarks
-$(STAMP): $(HOST_STAMP) requirements.txt requirements-test.txt requirements-fleet.txt
+$(STAMP): $(HOST_STAMP) requirements.txt requirements-test.txt requirements-fleet.txt requirements-docs.txt
 	$(PY) -m pip install -q -r requirements-test.txt
 	touch $@
 
@@ -70,7 +70,15 @@ demo: native
 	$(PY) -m microtrain report $(DEMO_PLAN) --svg build/digits-arena.svg
 	$(PY) -m microtrain simulate $(DEMO_PLAN) --data examples/digits_user.npz --epochs 5
 
-# The on-board workflow of README.md ("On a board, over serial") against the emulated
+# The docs site (mkdocs.yml; docs/development/docs.md) into build/site, with mkdocs-material and
+# mkdocstrings from requirements-docs.txt (in the venv through requirements-test.txt). strict: a
+# warning, a broken link or anchor fails it. tools/docs_hooks.py generates the CLI reference from
+# the parser; the API pages come from the docstrings.
+DOCS_SITE := build/site
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir $(DOCS_SITE)
+
+# The on-board workflow of docs/guide/boards.md ("On a board, over serial") against the emulated
 # board: the qemu MPS2_AN500 firmware on a pseudo-terminal, as a USB serial port would be.
 SERIAL_DEMO := build/serial-demo
 # SERIAL_DEMO_BOARD=pico: the RPI_PICO firmware in rp2040js over its USB CDC instead of qemu's UART;
@@ -100,7 +108,7 @@ fleet-demo: venv native firmware-test
 	$(PY) -m microtrain fleet simulate $(FLEET_DEMO)/digits.mtp --data examples/digits_user.npz --boards unix,unix,unix,qemu \
 	    --rounds $(FLEET_DEMO_ROUNDS) --onnx examples/digits_cnn.onnx -o $(FLEET_DEMO)
 
-# The tests in tiers (README.md, Tests; the markers in tests/conftest.py). pytest-xdist runs
+# The tests in tiers (docs/development/tests.md; the markers in tests/conftest.py). pytest-xdist runs
 # them on every core; a device target's scripts stay on one worker (one boot: xdist_group).
 # `make test`: the host suite, the unix port and MPS2_AN500 (one serial run), ten slowest listed.
 # `make test-slow`: the rest of the matrix (every device target, MIT's networks on the boards,

@@ -1,10 +1,10 @@
-"""Suite-wide rules (README.md, Tests).
+"""Suite-wide rules (docs/development/tests.md).
 
 Layout: one folder per area (compiler/, core/, conformance/, int8/, sparse/, device/, serial/,
 cli/, bench/, fleet/, suite/); the helpers the areas share in support/. Every folder is on sys.path,
 so a test imports a helper (`import models`) or another area's test module by its name.
 
-Markers (registered here, listed in the README):
+Markers (registered here, listed in docs/development/tests.md):
   device    starts an emulator or MicroPython (qemu, rp2040js, the unix port). A test without
             it that starts one fails (the guard below), so `pytest -m "not device"` runs none.
   slow      the rest of the matrix, run by `make test-all` and CI, not by `make test`.

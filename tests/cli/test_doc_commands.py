@@ -41,7 +41,7 @@ def test_sparse_using_a_scheme(tmp_path):
     os.symlink(os.path.join(ROOT, "benchmarks"), str(tmp_path / "benchmarks"))
     out = sh(block("sparse.md", "## Using a scheme", "sh"), tmp_path)
     assert (tmp_path / "scheme-49kb.json").exists() and (tmp_path / "calib.npz").exists()
-    assert re.search(r"^RAM \(peak\) +99\.2 KB", out, re.M), out      # the README's figure
+    assert re.search(r"^RAM \(peak\) +99\.2 KB", out, re.M), out      # the figure docs/sparse.md gives
     with open(tmp_path / "doc.py", "w") as f:
         f.write(block("sparse.md", "## Using a scheme", "python"))
         f.write("print(plan.report()['trainable'])\n")
