@@ -40,7 +40,11 @@ class DoesNotFit(ValueError):
 
 
 def boards_dir():
+    """MICROTRAIN_BOARDS, else the repository's boards/ (a checkout, an editable install), else
+    the copy a wheel carries (host/setup.py puts it in the package: `pip install ./host`)."""
     d = os.environ.get("MICROTRAIN_BOARDS") or os.path.join(ROOT, "boards")
+    if not os.environ.get("MICROTRAIN_BOARDS") and not os.path.isdir(d):
+        d = os.path.join(HERE, "board_profiles")
     if not os.path.isdir(d):
         raise BoardError("no board profiles at %s (set MICROTRAIN_BOARDS to the repository's boards/)" % d)
     return d

@@ -96,6 +96,16 @@ def test_the_host_commands_in_a_clean_venv(newcomer):
         assert (clone / "build" / f).exists(), f
 
 
+def test_the_board_profiles_come_with_the_package(newcomer):
+    """`microtrain boards` and --board after `pip install ./host`, run away from the clone and with
+    no MICROTRAIN_BOARDS: the wheel carries boards/*.json (host/setup.py)."""
+    clone, env, venv = newcomer
+    env = {k: v for k, v in env.items() if k != "MICROTRAIN_BOARDS"}
+    out = _check(_sh(". ~/microtrain-venv/bin/activate\ncd ~\nmicrotrain boards", env["HOME"], env), "microtrain boards")
+    names = sorted(os.path.basename(p)[:-5] for p in (clone / "boards").glob("*.json"))
+    assert len(names) >= 10 and all(re.search(r"^\s*%s\b" % n, out, re.M) for n in names), out
+
+
 @pytest.mark.device
 def test_the_emulated_board_in_the_clean_venv(newcomer, tmp_path):
     clone, env, venv = newcomer
