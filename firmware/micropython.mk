@@ -49,8 +49,9 @@ FIRMWARE_TEST_BOARDS ?= unix mps2_an385 mps2_an386 mps2_an500 rpi_pico virt_rv32
 FIRMWARE_FAST_BOARDS ?= unix mps2_an500
 FIRMWARE_ALL_BOARDS ?= $(FIRMWARE_TEST_BOARDS) pybv11 nucleo_f746zg
 # MicroPython as released for these boards, without microtrain (firmware-stock-NAME): what the
-# native module and `mpremote mip install` are tested on
-FIRMWARE_STOCK_BOARDS ?= virt_rv32 mps2_an500
+# native module and `mpremote mip install` are tested on; rpi_pico's, the armv6m .mpy streaming a
+# plan from the Pico's flash filesystem (tests/device/test_pico_stock.py)
+FIRMWARE_STOCK_BOARDS ?= virt_rv32 mps2_an500 rpi_pico
 NATMOD_TEST_ARCHS ?= x64 armv7m armv7emsp armv7emdp armv6m rv32imc
 NATMOD_ALL_ARCHS ?= $(NATMOD_TEST_ARCHS) xtensawin
 # `make natmod ARCH=rv32imc` as well as NATMOD_ARCH=rv32imc (ARCH only from the command line:
@@ -290,13 +291,15 @@ $(FIRMWARE_BUILD)/%/.built: $(MICROTRAIN_ROOT)/boards/%.json $(MICROTRAIN_MODULE
 # since a native module's code is loaded into the heap (103 KB for rv32imc; the ESP32s load it
 # into their executable RAM instead). The rv32imc .mpy's device tests run on the VIRT_RV32 one
 # (tests/support/mptargets.py), tests/device/test_mip.py installs the packages of `make dist`
-# with mpremote mip into both. Make ports only.
+# with mpremote mip into both. Make ports, and rp2, whose Makefile runs its CMake build: RPI_PICO as
+# released (its heap is the RAM the firmware leaves, STOCK_HEAP does not apply), which mounts the
+# littlefs filesystem in its flash at / and has /lib on sys.path.
 FIRMWARE_STOCK_BUILD ?= $(MICROTRAIN_BUILD)/firmware-stock
 STOCK_HEAP ?= $(NATMOD_TEST_HEAP)
 mt_stock_args = BUILD="$(abspath $(@D))" \
 	$(if $(MT_BOARD_$*),BOARD=$(MT_BOARD_$*)) $(if $(MT_VARIANT_$*),VARIANT=$(MT_VARIANT_$*)) \
 	$(if $(MT_BOARD_DIR_$*),BOARD_DIR="$(MICROTRAIN_ROOT)/$(MT_BOARD_DIR_$*)") \
-	$(MT_MAKE_ARGS_$*) MICROPY_HEAP_SIZE=$(STOCK_HEAP) $(FIRMWARE_MAKE_ARGS)
+	$(MT_MAKE_ARGS_$*) $(if $(filter rp2,$(MT_PORT_$*)),,MICROPY_HEAP_SIZE=$(STOCK_HEAP)) $(FIRMWARE_MAKE_ARGS)
 
 .PRECIOUS: $(FIRMWARE_STOCK_BUILD)/%/microtrain.config
 $(FIRMWARE_STOCK_BUILD)/%/microtrain.config: microtrain-firmware-force
@@ -306,10 +309,11 @@ $(addprefix firmware-stock-,$(MT_BOARDS)): firmware-stock-%: $(FIRMWARE_STOCK_BU
 
 $(FIRMWARE_STOCK_BUILD)/%/.built: $(MICROTRAIN_ROOT)/boards/%.json $(MICROTRAIN_FIRMWARE_MK) \
 		$(FIRMWARE_STOCK_BUILD)/%/microtrain.config | $(MICROTRAIN_MPY_CROSS)
-	@$(if $(filter make,$(MT_BUILD_$*)),,echo "microtrain: firmware-stock-$* : stock builds are for make ports; $* builds with $(MT_BUILD_$*)" >&2; exit 2)
+	@$(if $(filter make,$(MT_BUILD_$*))$(filter rp2,$(MT_PORT_$*)),,echo "microtrain: firmware-stock-$* : stock builds are for make ports and rp2; $* builds with $(MT_BUILD_$*)" >&2; exit 2)
 	@$(microtrain_check_version)
 	@$(FETCH) submodules "$(MICROPY_DIR)" $(MT_SUBMODULES_$*)
-	+$(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/$(MT_PORT_$*)" $(mt_stock_args)
+	@$(if $(filter rp2,$(MT_PORT_$*)),$(FETCH) picotool "$(PICOTOOL_PREFIX)" "$(MICROTRAIN_MPY_ABS)/lib/pico-sdk")
+	+$(mt_port_env) $(MICROTRAIN_SUBMAKE) -C "$(MICROTRAIN_MPY_ABS)/ports/$(MT_PORT_$*)" $(mt_stock_args)
 	@test -f "$(@D)/$(MT_IMAGE_$*)" || { echo "microtrain: the build left no $(@D)/$(MT_IMAGE_$*)"; exit 1; }
 	@touch "$@"
 	@echo "microtrain: built $(@D)/$(MT_IMAGE_$*) (stock: no microtrain)"

@@ -104,9 +104,16 @@ def _round(n, word):
 #             a group at a time as the ops need them (a plan compiled with stream=True: its stream section)
 #   in RAM    the plan read into RAM whole (Trainer(path) of a plan without a stream section, or bytes)
 PLACEMENTS = ("in place", "streamed", "in RAM")
-# the open file a streamed Trainer keeps (the file object; littlefs's caches are the VFS's, allocated at mount):
-# an estimate, not yet measured on a board
+# the open file a streamed Trainer keeps, where the profile does not say (open_file_bytes): the file object
+# alone, an estimate. A littlefs file also holds a cache of its own, min(block, 4 * max(readsize, progsize))
+# bytes: 1,152 B in all on the stock RPI_PICO firmware (progsize 256), measured in rp2040js
+# (tests/device/test_pico_stock.py)
 FILE_OBJECT_BYTES = {4: 96, 8: 144}
+
+
+def open_file_bytes(board):
+    """The heap an open file on the board's filesystem takes: its profile's open_file_bytes, else the estimate."""
+    return board.get("open_file_bytes") or FILE_OBJECT_BYTES[board["word_bytes"]]
 
 
 def placement(report, board):
@@ -133,7 +140,7 @@ def ram_needed(report, board, where=None):
         return {"ram_bytes": _round(report["file_ram_bytes"] - report["head_bytes"], word),
                 "trainer": _round(TRAINER_OBJECT_BYTES[word], word),
                 "head": _round(report["head_bytes"], word),
-                "file": _round(FILE_OBJECT_BYTES[word], word)}
+                "file": _round(open_file_bytes(board), word)}
     return {"ram_bytes": _round(report["ram_bytes"], word),
             "trainer": _round(TRAINER_OBJECT_BYTES[word], word),
             "plan": _round(report["plan_bytes"], word) if where == "in RAM" else 0}
@@ -221,6 +228,11 @@ def check(report, board):
                 ". Fits on: " + ", ".join(others) if others else ""))
     notes.append("fits %s (%s): needs %s of heap (%s), %s free%s, %s to spare"
                  % (name, WHERE_TEXT[where], _kb(need), _parts_text(parts), _kb(free), how, _kb(free - need)))
+    nat = board["heap"].get("natmod_free_bytes")
+    if nat:   # the board's stock firmware with the .mpy, whose code takes heap the firmware's module does not
+        notes.append("on %s's stock MicroPython with microtrain as its .mpy (the module's code in the heap): %s free, %s"
+                     % (name, _kb(nat), "%s to spare" % _kb(nat - need) if need <= nat else
+                        "%s short: use firmware with microtrain built in (make firmware BOARD=%s)" % (_kb(need - nat), name)))
     fs = board.get("filesystem_bytes")
     if fs is not None and fs and report["plan_bytes"] > fs:
         raise DoesNotFit("plan does not fit %s: the plan is %s and the board's filesystem holds %s; "

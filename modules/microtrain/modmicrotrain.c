@@ -716,16 +716,50 @@ static mp_obj_t trainer_set_params(mp_obj_t self_in, mp_obj_t values) {
 }
 static MP_DEFINE_CONST_FUN_OBJ_2(trainer_set_params_obj, trainer_set_params);
 
-/* save_state([buf]): the training state as bytes, or written into buf (at least
- * state_len bytes; returns None and allocates nothing). */
+/* n bytes from p written to an open binary file through the stream protocol, a short write carried on;
+ * a write error raises OSError, a file that takes nothing more ValueError. Allocates nothing. */
+static void write_all(mp_obj_t file, const mp_stream_p_t *s, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        int err = 0;
+        mp_uint_t put = s->write(file, p, n, &err);
+        if (put == MP_STREAM_ERROR) {
+            mp_raise_OSError(err);
+        }
+        if (put == 0 || put > n) {
+            raise_file("save_state(f): the file took no more bytes");
+        }
+        p += put;
+        n -= put;
+    }
+}
+
+/* save_state([buf or f]): the training state as bytes, or written into buf (at least
+ * state_len bytes), or to an open binary file f (state_len bytes from where it stands: the
+ * header, the state where it lies in RAM, its CRC); with buf or f, returns None and allocates
+ * nothing. */
 static mp_obj_t trainer_save_state(size_t n_args, const mp_obj_t *args) {
     mt_trainer_obj_t *self = MP_OBJ_TO_PTR(args[0]);
     mt_ctx_t *ctx = get_ctx(self);
     uint32_t n = mt_state_size(ctx);
     if (n_args > 1 && args[1] != mp_const_none) {
         mp_buffer_info_t bi;
+        const mp_stream_p_t *s = mp_obj_is_str(args[1]) || !mp_obj_is_obj(args[1]) ? NULL
+            : MP_OBJ_TYPE_GET_SLOT_OR_NULL(mp_obj_get_type(args[1]), protocol);
+        if (s != NULL && s->write != NULL && !s->is_text && !mp_get_buffer(args[1], &bi, MP_BUFFER_WRITE)) {
+            uint8_t head[MT_STATE_HEADER_BYTES], tail[4];
+            const uint8_t *state;
+            uint32_t crc;
+            mt_check(ctx, mt_state_parts(ctx, head, &state, &crc));
+            for (int b = 0; b < 4; b++) {
+                tail[b] = (uint8_t)(crc >> (8 * b));
+            }
+            write_all(args[1], s, head, sizeof head);
+            write_all(args[1], s, state, n - sizeof head - sizeof tail);
+            write_all(args[1], s, tail, sizeof tail);
+            return mp_const_none;
+        }
         if (mp_obj_is_str(args[1]) || !mp_get_buffer(args[1], &bi, MP_BUFFER_WRITE)) {
-            mp_raise_TypeError(MP_ERROR_TEXT("save_state(buf): buf must be a writable buffer such as a bytearray"));
+            mp_raise_TypeError(MP_ERROR_TEXT("save_state(buf): buf must be a writable buffer such as a bytearray, or an open binary file"));
         }
         if (bi.len < n) {
             mt_msg_t m;

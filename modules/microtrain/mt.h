@@ -195,6 +195,10 @@ int mt_get_param(const mt_ctx_t *ctx, uint32_t k, float *out, size_t n);
  * changes anything; training then continues bit for bit. */
 uint32_t mt_state_size(const mt_ctx_t *ctx);
 int mt_save_state(const mt_ctx_t *ctx, void *buf, size_t n);
+/* The same blob in three parts, for a caller that writes it out without a buffer of its size (a file):
+ * head gets its first MT_STATE_HEADER_BYTES (40), *state points at the next state_size - 44, where
+ * they lie in RAM, and *crc is its last 4 bytes (little-endian) */
+int mt_state_parts(const mt_ctx_t *ctx, uint8_t *head, const uint8_t **state, uint32_t *crc);
 int mt_load_state(mt_ctx_t *ctx, const void *buf, size_t n);
 
 /* Running single ops, for tests and tracing: a step is the ops in order. */

@@ -163,15 +163,11 @@ uint32_t mt_state_size(const mt_ctx_t *ctx) {
     return ctx->plan != NULL ? MT_STATE_HEADER_BYTES + ctx->state_bytes + 4u : 0;
 }
 
-int mt_save_state(const mt_ctx_t *ctx, void *buf, size_t n) {
+int mt_state_parts(const mt_ctx_t *ctx, uint8_t *head, const uint8_t **state, uint32_t *crc) {
     if (!ready(ctx)) {
         return MT_E_DETACHED;
     }
-    uint32_t size = mt_state_size(ctx);
-    if (buf == NULL || n != size) {
-        return MT_E_STATE_LEN;
-    }
-    uint8_t *p = (uint8_t *)buf;
+    uint8_t *p = head;
     uint32_t lr;
     memcpy(&lr, &ctx->lr, sizeof lr);
     memset(p, 0, MT_STATE_HEADER_BYTES);
@@ -185,8 +181,28 @@ int mt_save_state(const mt_ctx_t *ctx, void *buf, size_t n) {
     mt_wr_u32(p + MT_S_IN_BATCH, ctx->in_batch);
     mt_wr_u32(p + MT_S_REJECTED, ctx->rejected);
     mt_wr_u32(p + MT_S_LR, lr);
-    memcpy(p + MT_STATE_HEADER_BYTES, ctx->ram, ctx->state_bytes);
-    mt_wr_u32(p + size - 4, mt_crc32(p, size - 4));
+    *state = ctx->ram;
+    *crc = mt_crc32_more(mt_crc32(head, MT_STATE_HEADER_BYTES), ctx->ram, ctx->state_bytes);
+    return MT_OK;
+}
+
+int mt_save_state(const mt_ctx_t *ctx, void *buf, size_t n) {
+    if (!ready(ctx)) {
+        return MT_E_DETACHED;
+    }
+    uint32_t size = mt_state_size(ctx);
+    if (buf == NULL || n != size) {
+        return MT_E_STATE_LEN;
+    }
+    uint8_t *p = (uint8_t *)buf;
+    const uint8_t *state;
+    uint32_t crc;
+    int err = mt_state_parts(ctx, p, &state, &crc);
+    if (err != MT_OK) {
+        return err;
+    }
+    memcpy(p + MT_STATE_HEADER_BYTES, state, ctx->state_bytes);
+    mt_wr_u32(p + size - 4, crc);
     return MT_OK;
 }
 

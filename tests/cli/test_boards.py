@@ -328,7 +328,7 @@ def test_report_board_says_where_the_constants_live_and_counts_them(tmp_path):
     assert boards.ram_needed(rep, pico) == {
         "ram_bytes": rnd(rep["arena_bytes"] + rep["param_bytes"] + rep["context_bytes"]),
         "trainer": rnd(boards.TRAINER_OBJECT_BYTES[4]), "head": rnd(rep["head_bytes"]),
-        "file": rnd(boards.FILE_OBJECT_BYTES[4])}
+        "file": rnd(boards.open_file_bytes(pico))}
     assert need_s < need
     assert got["auto"][0]["streamed"] is False or got["auto"][2] <= need
 

