@@ -336,18 +336,21 @@ def test_report_board_says_where_the_constants_live_and_counts_them(tmp_path):
 def test_budget_with_a_board_counts_the_heap_there(tmp_path):
     """--budget with --board: every candidate is counted as that board's heap holds it (the plan's
     head and file where its constants stream), and the chosen plan's heap is within the budget."""
+    # the classifier alone needs 6,064 B of the Pico's heap with the plan streamed, 1,152 B of it
+    # the open littlefs file (measured on the Pico: boards/rpi_pico.json's open_file_bytes)
+    BUDGET = 7000
     onnx_path = cnn_model(tmp_path)
     out = str(tmp_path / "b.mtp")
-    r = cli("compile", onnx_path, "-o", out, "--budget", "6000", "--board", "rpi_pico")
+    r = cli("compile", onnx_path, "-o", out, "--budget", str(BUDGET), "--board", "rpi_pico")
     assert r.returncode == 0, r.stderr
     chosen = next(line for line in (r.stdout + r.stderr).splitlines() if "budget: chosen" in line)
-    m = re.search(r"heap on rpi_pico (\d+) B of 6000 B \(the plan streamed, (\d+) B of it\)", chosen)
+    m = re.search(r"heap on rpi_pico (\d+) B of %d B \(the plan streamed, (\d+) B of it\)" % BUDGET, chosen)
     assert m, chosen
     rep = json.loads(cli("report", out, "--json").stdout)
     parts = boards.ram_needed(rep, boards.load_board("rpi_pico"))
-    assert int(m.group(1)) == sum(parts.values()) <= 6000
+    assert int(m.group(1)) == sum(parts.values()) <= BUDGET
     assert int(m.group(2)) == parts["head"] + parts["file"]
     # without a board the same budget counts peak RAM alone, which leaves the plan out: more trains
-    r = cli("compile", onnx_path, "-o", out, "--budget", "6000")
+    r = cli("compile", onnx_path, "-o", out, "--budget", str(BUDGET))
     plain = next(line for line in (r.stdout + r.stderr).splitlines() if "budget: chosen" in line)
     assert "peak RAM" in plain and plain != chosen
