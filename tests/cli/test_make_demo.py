@@ -32,8 +32,11 @@ def copy_of_the_repo(dest):
 
 
 def dry_run(repo, target):
+    # the make of a newcomer's shell: none of the variables of a make this suite may run under
+    # (`make test-host SANITIZE=1` passes SANITIZE down, and that build reinstalls the package)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SANITIZE")}
     r = subprocess.run(["make", "-n", target], cwd=repo, capture_output=True,
-                       text=True)
+                       text=True, env=env)
     assert r.returncode == 0, r.stderr
     return [line for line in r.stdout.splitlines() if "pip install" in line]
 
