@@ -1,6 +1,6 @@
 # Train a small CNN (conv, relu, depthwise conv, relu6, residual add, maxpool,
 # 1x1 conv, global average pool, gemm; mse loss, momentum 0.9, batch 2, every
-# parameter; the first conv run again in the backward, recompute.py) for 50 steps on the device, through the allocation-free
+# parameter; the first conv run again in the backward, recompute.py) for 20 steps on the device, through the allocation-free
 # step(x, y, loss_out), and compare with the host simulator's run of the same
 # plan on the same samples: every loss and every parameter within 1e-5
 # (relative to its magnitude, absolute below 1).

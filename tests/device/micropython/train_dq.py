@@ -1,4 +1,4 @@
-# Train a block whose int8 prefix ends inside it for 50 steps on the device: the int8 expansion
+# Train a block whose int8 prefix ends inside it for 20 steps on the device: the int8 expansion
 # streamed into the float projection a depthwise output row at a time (PWDW_DQ_W8; PWDW_DQ with
 # float32 frozen weights) and the int8 residual added to the float output undequantized (ADD_DQ),
 # the projection's bias and the head trained. Compare with the host simulator's run of the same

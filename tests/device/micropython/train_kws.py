@@ -1,7 +1,7 @@
 # Train the keyword-spotting CNN of issue 5 (Conv1d -> ReLU -> AdaptiveAvgPool1d ->
 # Flatten -> Linear, exported by torch.onnx.export's default dynamo exporter, which
 # writes the pooling as Unsqueeze -> ReduceMean -> Squeeze: views feeding a
-# parameterless op) with every parameter trained, for 50 steps on the device, and
+# parameterless op) with every parameter trained, for 20 steps on the device, and
 # compare with the host simulator's run of the same plan: every loss and every
 # parameter within 1e-5, and the convolution, not only the last layer, has moved.
 #

@@ -1,4 +1,4 @@
-# Train a MIT-style sparse update of tests/sparse/test_sparse.py's small CNN for 50 steps on the
+# Train a MIT-style sparse update of tests/sparse/test_sparse.py's small CNN for 20 steps on the
 # device with saved="bits": the ReLU6 outputs that only frozen layers read keep a 1-bit mask
 # for the backward (MASK_PACK, MASK_BWD in mt_mask.c), some input channels of a 1x1 conv,
 # three biases and the head train. Compare with the host simulator's run of the same plan:

@@ -1,7 +1,7 @@
 # Train a MobileNetV3-style block (conv -> HardSwish -> 1x1 expand -> HardSwish -> depthwise
 # 3x3 -> HardSwish -> squeeze-and-excitation: mean -> 1x1 -> ReLU -> 1x1 -> HardSigmoid ->
 # per-channel Mul -> 1x1 project, residual Add -> mean -> Linear; exported by the default dynamo
-# exporter) with every parameter trained, for 50 steps on the device, and compare with the
+# exporter) with every parameter trained, for 20 steps on the device, and compare with the
 # host simulator's run of the same plan: every loss and every parameter within 1e-5, and every
 # parameter has moved.
 #

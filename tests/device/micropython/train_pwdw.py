@@ -1,4 +1,4 @@
-# Train a MIT-style sparse update of tests/sparse/test_sparse.py's small CNN for 50 steps on the
+# Train a MIT-style sparse update of tests/sparse/test_sparse.py's small CNN for 20 steps on the
 # device with its block streamed a channel at a time (dw_stream.py: PWDW_W8 and PWDW_W8_BWD,
 # mt_pwdw_w8.c): frozen conv weights int8, ReLU6 outputs kept as 1-bit masks, the trained input
 # channels of the expansion float32. Compare with the host simulator's run of the same plan:

@@ -1,5 +1,5 @@
 # Train tests/sparse/test_sparse.py's small CNN with its trained weights stored int8
-# (trained_weights="int8", docs/sparse.md) for 50 steps on the device: DEQUANTIZE_W before each
+# (trained_weights="int8", docs/sparse.md) for 20 steps on the device: DEQUANTIZE_W before each
 # forward use, the input gradient read from the int8 weight, the int8 codes updated by the
 # optimizer sink. params() gives code x scale as float. Compare with the host simulator's run of
 # the same plan: every loss and every parameter within 1e-5, and every trained parameter moved.

@@ -1,5 +1,5 @@
 # Train a MIT-style sparse update of a small CNN (tests/sparse/test_sparse.py's: 3x3 conv, 1x1
-# expansion, depthwise, 1x1 projection, residual add, Linear head) for 50 steps on the
+# expansion, depthwise, 1x1 projection, residual add, Linear head) for 20 steps on the
 # device: int8 frozen first conv, some input channels of both 1x1 convs (only those
 # channels a parameter, with their momentum: GATHER_CH, SCATTER_CH), three biases, the head, ReLU6 outputs saved as int8 for the
 # backward. Compare with the host simulator's run of the same plan: every loss and

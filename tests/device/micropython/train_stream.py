@@ -1,6 +1,6 @@
 # Train train_pwdw_q8's plan with its constants streamed from its file (compile(stream=True): a
 # stream section, read a group at a time into windows in the arena; the expansion block's in blocks
-# of output channels) for 50 steps, and compare with the host simulator, which ran the plan whole in
+# of output channels) for 20 steps, and compare with the host simulator, which ran the plan whole in
 # memory: every loss and parameter bit for bit. The Trainer keeps only the plan's head in RAM and
 # reads from the file exactly what the host core reads by the plan's head; it allocates no more
 # than `microtrain compile --board` counts. A byte changed in the file under the running Trainer

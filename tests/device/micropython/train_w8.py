@@ -1,4 +1,4 @@
-# Train a MIT-style sparse update of tests/sparse/test_sparse.py's small CNN for 50 steps on the
+# Train a MIT-style sparse update of tests/sparse/test_sparse.py's small CNN for 20 steps on the
 # device with its frozen conv weights int8 (frozen_weights="int8": the W8 ops of mt_conv.c,
 # float activations on the dequantized weights): four biases, some input channels of a 1x1
 # conv and the head train, the gradient passing back through every W8 form. Compare with the
