@@ -109,12 +109,13 @@ fleet-demo: venv native firmware-test
 	    --rounds $(FLEET_DEMO_ROUNDS) --onnx examples/digits_cnn.onnx -o $(FLEET_DEMO)
 
 # The tests in tiers (docs/development/tests.md; the markers in tests/conftest.py). pytest-xdist runs
-# them on every core; a device target's scripts stay on one worker (one boot: xdist_group).
+# them on every core; a device target's scripts stay on one worker (one boot: xdist_group), and
+# the `long` tests go out first (collection order, not xdist's biggest-group-first).
 # `make test`: the host suite, the unix port and MPS2_AN500 (one serial run), ten slowest listed.
 # `make test-slow`: the rest of the matrix (every device target, MIT's networks on the boards,
 # the serial faults). `make test-all` (what CI runs): both, then the host suite under the
 # sanitizers. PYTEST_ARGS adds pytest options, e.g. PYTEST_ARGS="-k serial".
-PYTEST := MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs -n auto --dist loadgroup
+PYTEST := MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs -n auto --dist loadgroup --no-loadscope-reorder
 test: venv native firmware-test
 	$(PYTEST) -m "not slow" --durations=10 $(PYTEST_ARGS)
 

@@ -9,6 +9,8 @@ Markers (registered here, listed in docs/development/tests.md):
             it that starts one fails (the guard below), so `pytest -m "not device"` runs none.
   slow      the rest of the matrix, run by `make test-all` and CI, not by `make test`.
   sanitize  builds and runs a sanitizer build of the C core of its own.
+  long      minutes of host time: collected first, so that xdist, which hands tests out in
+            collection order, starts it early instead of leaving it to end the run alone.
 
 Under CI (CI=true, as .ci/run runs), a skipped `device` test is a failure: a fresh machine
 must build and run them, and a skip there would report a pass that never happened.
@@ -35,6 +37,7 @@ MARKERS = {
     "device": "starts an emulator or MicroPython (qemu, rp2040js, the unix port); `-m 'not device'` runs none",
     "slow": "the rest of the matrix: run by `make test-all` and CI, not by `make test`",
     "sanitize": "builds and runs a sanitizer build of the C core of its own",
+    "long": "minutes of host time: collected first, so that xdist starts it early",
 }
 # what starts an emulator or a MicroPython: the program's base name (or the script's, after python)
 EMULATORS = ("qemu-system-", "node", "micropython", "pty_bridge.py", "run-tests.py")
@@ -64,6 +67,12 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_configure(config):
     for name, what in MARKERS.items():
         config.addinivalue_line("markers", "%s: %s" % (name, what))
+
+
+def pytest_collection_modifyitems(items):
+    """`long` tests first, in their order (the sort is stable): a 7-minute test handed out last
+    would keep one worker busy for 7 minutes after the other ran out of work."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -127,6 +127,7 @@ def test_firmware_ends_below_the_partition(pico_ready):
     assert lay["fs_addr"] + lay["fs_bytes"] == 0x10000000 + 2 * 1024 * 1024
 
 
+@pytest.mark.long
 def test_mcunet_49kb_trains_from_the_picos_flash(pico_ready, tmp_path):
     """MCUNet-5fps with MIT's 49kb scheme, compiled as benchmarks/tte.py compiles it (frozen part
     int8, uint8 input, 1-bit masks, frozen and trained conv weights int8): one training step on the
