@@ -15,7 +15,7 @@ SANITIZE_ENV := $(if $(filter 1,$(SANITIZE)),LD_PRELOAD="$$(gcc -print-file-name
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 DEMO_PLAN := build/digits.mtp
 
-.PHONY: all demo test test-slow test-all test-host venv venv-firmware native header clean distclean bench rp2040js \
+.PHONY: all demo test test-slow test-all test-host test-sanitize venv venv-firmware native header clean distclean bench rp2040js \
 	boards-table serial-demo fuzz fleet-demo docs
 
 all: native
@@ -115,7 +115,8 @@ fleet-demo: venv native firmware-test
 # `make test-slow`: the rest of the matrix (every device target, MIT's networks on the boards,
 # the serial faults). `make test-all` (what CI runs): both, then the host suite under the
 # sanitizers. PYTEST_ARGS adds pytest options, e.g. PYTEST_ARGS="-k serial".
-PYTEST := MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest tests -q -rs -n auto --dist loadgroup --no-loadscope-reorder
+TEST_PATHS ?= tests
+PYTEST := MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest $(TEST_PATHS) -q -rs -n auto --dist loadgroup --no-loadscope-reorder
 test: venv native firmware-test
 	$(PYTEST) -m "not slow" --durations=10 $(PYTEST_ARGS)
 
@@ -125,7 +126,7 @@ test-slow: venv native firmware rp2040js
 test-all:
 	+$(MAKE) test
 	+$(MAKE) test-slow
-	+$(MAKE) test-host SANITIZE=1
+	+$(MAKE) test-sanitize
 	+$(MAKE) native
 
 # The host suite alone (no firmware, no emulators: not `device`): what `make test-host SANITIZE=1`
@@ -133,6 +134,15 @@ test-all:
 # MicroPython, qemu or node, which the preloaded sanitizer runtimes must not reach.
 test-host: venv native
 	$(PYTEST) -m "not device" $(PYTEST_ARGS)
+
+# The sanitizer run of `make test-all`: the host tests of the areas that drive the C core over
+# many shapes and inputs (kernels, plan loading and bad input, int8, sparse, the conformance
+# cases, the compiler's own runs). cli/, docs/, fleet/, serial/, bench/ reach the same core
+# through the same binding, with minutes of subprocesses and clean venvs around it (about 40 %
+# of the host suite's time under the sanitizers); `make test-host SANITIZE=1` runs them too.
+SANITIZE_TESTS := tests/core tests/int8 tests/sparse tests/conformance tests/compiler
+test-sanitize:
+	+$(MAKE) test-host SANITIZE=1 TEST_PATHS="$(SANITIZE_TESTS)"
 
 # Speed figures, not part of `make test` (the bench helper's target): exact instruction
 # counts per step on qemu for each board in BENCH_BOARDS (the Cortex-M7 and Cortex-M3 MPS2
