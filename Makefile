@@ -113,8 +113,9 @@ fleet-demo: venv native firmware-test
 # the `long` tests go out first (collection order, not xdist's biggest-group-first).
 # `make test`: the host suite, the unix port and MPS2_AN500 (one serial run), ten slowest listed.
 # `make test-slow`: the rest of the matrix (every device target, MIT's networks on the boards,
-# the serial faults). `make test-all` (what CI runs): both, then the host suite under the
-# sanitizers. PYTEST_ARGS adds pytest options, e.g. PYTEST_ARGS="-k serial".
+# the serial faults). `make test-all` (what CI runs): both, then the C core's test areas under
+# the sanitizers (test-sanitize). PYTEST_ARGS adds pytest options, e.g. PYTEST_ARGS="-k serial";
+# TEST_PATHS the folders, e.g. TEST_PATHS=tests/int8.
 TEST_PATHS ?= tests
 PYTEST := MICROPY_DIR=$(MICROPY_DIR) $(SANITIZE_ENV) $(PY) -m pytest $(TEST_PATHS) -q -rs -n auto --dist loadgroup --no-loadscope-reorder
 test: venv native firmware-test
