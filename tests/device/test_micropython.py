@@ -58,7 +58,7 @@ MODULE_SOURCES = os.path.join(ROOT, "modules", "microtrain")
 TARGETS = mptargets.targets()
 
 STEPS = 20   # momentum, accumulation and epochs all come round; the soft-float boards pay for each step
-INT8_STEPS = 50
+INT8_STEPS = 50   # data_int8: its last-layer losses on raw pixels are spiky for the first 20
 TOL = 1e-5   # |device - host| <= TOL * max(1, |host|), for every parameter, loss and output
 
 
@@ -405,7 +405,6 @@ def data_int8():
     xq = sim.quantize_input(x)
     pred = np.stack([sim.predict(v) for v in xq])
     pred_f = np.stack([microtrain.Simulator(infer_f).predict(v) for v in x])
-    # 50 steps: int8 last-layer training on raw pixels has spiky losses for its first 20
     host_train, losses = train_on_host(train, xq, d["y"][:n], steps=INT8_STEPS)
     host_through, losses_through = train_on_host(through, x, d["y"][:n], steps=INT8_STEPS)
     assert_learns(losses)
